@@ -1,0 +1,383 @@
+// The XLA custom-call trampoline: moves XLA's buffers into registered callables.
+//
+// One typed-FFI handler serves every jaxbind op. The compiled program carries a
+// single integer attribute, `site`, that indexes the registry below; the entry
+// says which callable to run, with which serialized kwargs, and how to walk a
+// batch. The handler knows no calculus: jvp, transpose and batching rules live
+// in Python and only decide which site a custom call names.
+
+#include <Python.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace nb = nanobind;
+namespace ffi = xla::ffi;
+
+static_assert(sizeof(npy_intp) == sizeof(int64_t),
+              "XLA dimensions are handed to NumPy without conversion");
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Registry of call sites.
+// ---------------------------------------------------------------------------
+
+// One compiled custom call: a callable plus everything that is static about it.
+struct Site {
+  std::string name;      // the op's name, for error messages
+  PyObject* callable;    // strong reference, owned for the process lifetime
+  PyObject* kwargs_dump; // bytes, handed to every call unchanged
+  // Batch walk (empty when the callable sees the whole arrays):
+  std::vector<int64_t> batch_shape;              // the mapped levels, outermost first
+  std::vector<std::vector<int64_t>> in_strides;  // bytes per level, 0 = not mapped
+  std::vector<int> in_mapped;                    // leading dims of each input that are levels
+  std::vector<std::vector<int64_t>> out_strides; // bytes per level
+};
+
+// Sites are published lock-free to XLA threads: a fixed table of chunks, each
+// chunk a fixed array of atomic pointers. Entries are never removed, so a
+// pointer read once stays valid.
+constexpr int64_t kChunkBits = 10;
+constexpr int64_t kChunkSize = int64_t{1} << kChunkBits;
+constexpr int64_t kNumChunks = 4096;  // up to 4M sites
+
+struct Chunk {
+  std::atomic<Site*> entries[kChunkSize];
+};
+
+std::atomic<Chunk*> g_chunks[kNumChunks];
+std::atomic<int64_t> g_num_sites{0};
+std::mutex g_register_mutex;
+
+int64_t PublishSite(std::unique_ptr<Site> site) {
+  std::lock_guard<std::mutex> lock(g_register_mutex);
+  int64_t id = g_num_sites.load(std::memory_order_relaxed);
+  int64_t chunk = id >> kChunkBits;
+  if (chunk >= kNumChunks) {
+    throw std::runtime_error("jaxbind: too many distinct compiled call sites");
+  }
+  Chunk* c = g_chunks[chunk].load(std::memory_order_relaxed);
+  if (c == nullptr) {
+    c = new Chunk();
+    for (auto& e : c->entries) e.store(nullptr, std::memory_order_relaxed);
+    g_chunks[chunk].store(c, std::memory_order_release);
+  }
+  c->entries[id & (kChunkSize - 1)].store(site.release(),
+                                          std::memory_order_release);
+  g_num_sites.store(id + 1, std::memory_order_release);
+  return id;
+}
+
+const Site* LookupSite(int64_t id) {
+  if (id < 0 || id >= g_num_sites.load(std::memory_order_acquire)) {
+    return nullptr;
+  }
+  Chunk* c = g_chunks[id >> kChunkBits].load(std::memory_order_acquire);
+  if (c == nullptr) return nullptr;
+  return c->entries[id & (kChunkSize - 1)].load(std::memory_order_acquire);
+}
+
+// ---------------------------------------------------------------------------
+// Python-side tables, set once at import.
+// ---------------------------------------------------------------------------
+
+// NumPy dtype for each XLA_FFI_DataType code (nullptr = not supported).
+constexpr int kNumDtypeCodes = 64;
+PyArray_Descr* g_descr[kNumDtypeCodes] = {};
+// Turns (op name, exception) into the message an error carries.
+PyObject* g_format_error = nullptr;
+
+// Zero-size buffers may come with a null data pointer; NumPy would then
+// allocate. Point such views here instead.
+alignas(64) char g_empty_storage[64];
+
+// ---------------------------------------------------------------------------
+// The GIL, from any thread.
+// ---------------------------------------------------------------------------
+
+// XLA calls handlers on the Python thread that launched the program or on its
+// own worker threads, which have no Python thread state. PyGILState_Ensure and
+// Release would create and destroy a thread state on every call there; instead
+// each thread gets one thread state, made on first use and kept.
+class GilHold {
+ public:
+  GilHold() {
+    if (PyGILState_Check()) return;  // this thread holds the GIL already
+    PyThreadState* ts = PyGILState_GetThisThreadState();
+    if (ts == nullptr) {
+      // Bound to this OS thread as its GILState thread state, so the next call
+      // finds it through PyGILState_GetThisThreadState.
+      ts = PyThreadState_New(PyInterpreterState_Main());
+    }
+    PyEval_RestoreThread(ts);
+    acquired_ = true;
+  }
+  ~GilHold() {
+    if (acquired_) PyEval_SaveThread();
+  }
+  GilHold(const GilHold&) = delete;
+  GilHold& operator=(const GilHold&) = delete;
+
+ private:
+  bool acquired_ = false;
+};
+
+// ---------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------
+
+std::string PyUnicodeToString(PyObject* s) {
+  if (s == nullptr || !PyUnicode_Check(s)) return std::string();
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(s, &size);
+  if (data == nullptr) {
+    PyErr_Clear();
+    return std::string();
+  }
+  return std::string(data, size);
+}
+
+// Consumes the pending Python exception and turns it into an FFI error.
+ffi::Error ErrorFromPython(const Site& site) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (tb != nullptr && value != nullptr) PyException_SetTraceback(value, tb);
+  std::string message;
+  if (g_format_error != nullptr && value != nullptr) {
+    PyObject* name = PyUnicode_FromStringAndSize(site.name.data(), site.name.size());
+    PyObject* text = name ? PyObject_CallFunctionObjArgs(g_format_error, name, value, nullptr)
+                          : nullptr;
+    message = PyUnicodeToString(text);
+    Py_XDECREF(text);
+    Py_XDECREF(name);
+    PyErr_Clear();
+  }
+  if (message.empty()) {
+    message = "jaxbind op '" + site.name + "': the callback raised an exception";
+  }
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  return ffi::Error(ffi::ErrorCode::kInternal, message);
+}
+
+ffi::Error ErrorText(const Site* site, const std::string& what) {
+  std::string name = site ? site->name : std::string("?");
+  return ffi::Error(ffi::ErrorCode::kInternal, "jaxbind op '" + name + "': " + what);
+}
+
+// ---------------------------------------------------------------------------
+// Array views
+// ---------------------------------------------------------------------------
+
+// A NumPy array over XLA's memory: no copy, read-only for inputs.
+PyObject* MakeView(const XLA_FFI_Buffer* buf, char* data, int skip_dims,
+                   bool writable) {
+  unsigned code = static_cast<unsigned>(buf->dtype);
+  PyArray_Descr* descr = code < kNumDtypeCodes ? g_descr[code] : nullptr;
+  if (descr == nullptr) {
+    PyErr_Format(PyExc_TypeError, "XLA dtype code %u has no NumPy equivalent", code);
+    return nullptr;
+  }
+  int nd = static_cast<int>(buf->rank) - skip_dims;
+  npy_intp* dims = reinterpret_cast<npy_intp*>(buf->dims + skip_dims);
+  if (data == nullptr) data = g_empty_storage;
+  Py_INCREF(descr);  // stolen by the constructor
+  return PyArray_NewFromDescr(&PyArray_Type, descr, nd, dims, nullptr, data,
+                              writable ? NPY_ARRAY_WRITEABLE : 0, nullptr);
+}
+
+// Builds (out, args) tuples of views for one batch element and calls the site.
+// `in_offsets`/`out_offsets` are byte offsets into each buffer.
+bool CallOnce(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets,
+              const int64_t* in_offsets, const int64_t* out_offsets,
+              int out_skip, std::string* misuse) {
+  const int64_t n_in = args->size, n_out = rets->size;
+  PyObject* in_tuple = PyTuple_New(n_in);
+  PyObject* out_tuple = PyTuple_New(n_out);
+  bool ok = in_tuple != nullptr && out_tuple != nullptr;
+  for (int64_t i = 0; ok && i < n_in; ++i) {
+    auto* buf = static_cast<XLA_FFI_Buffer*>(args->args[i]);
+    int skip = site.in_mapped.empty() ? 0 : site.in_mapped[i];
+    char* data = static_cast<char*>(buf->data);
+    if (data != nullptr) data += in_offsets[i];
+    PyObject* view = MakeView(buf, data, skip, /*writable=*/false);
+    if (view == nullptr) ok = false; else PyTuple_SET_ITEM(in_tuple, i, view);
+  }
+  for (int64_t i = 0; ok && i < n_out; ++i) {
+    auto* buf = static_cast<XLA_FFI_Buffer*>(rets->rets[i]);
+    char* data = static_cast<char*>(buf->data);
+    if (data != nullptr) data += out_offsets[i];
+    PyObject* view = MakeView(buf, data, out_skip, /*writable=*/true);
+    if (view == nullptr) ok = false; else PyTuple_SET_ITEM(out_tuple, i, view);
+  }
+  if (ok) {
+    PyObject* argv[3] = {out_tuple, in_tuple, site.kwargs_dump};
+    PyObject* result = PyObject_Vectorcall(site.callable, argv, 3, nullptr);
+    if (result == nullptr) {
+      ok = false;
+    } else if (result != Py_None) {
+      PyObject* rtype = PyObject_Type(result);
+      PyObject* rname = rtype ? PyObject_GetAttrString(rtype, "__name__") : nullptr;
+      *misuse = "the callback returned a value of type '" + PyUnicodeToString(rname) +
+                "'; jaxbind callbacks must return None and write their results "
+                "into the arrays of `out` (e.g. out[0][...] = result)";
+      Py_XDECREF(rname);
+      Py_XDECREF(rtype);
+      PyErr_Clear();
+      Py_DECREF(result);
+      ok = false;
+    } else {
+      Py_DECREF(result);
+      // The views point into memory XLA reuses after this call. A callback
+      // that kept one would later read or write freed memory: refuse it.
+      bool kept = Py_REFCNT(in_tuple) != 1 || Py_REFCNT(out_tuple) != 1;
+      for (int64_t i = 0; !kept && i < n_in; ++i) kept = Py_REFCNT(PyTuple_GET_ITEM(in_tuple, i)) != 1;
+      for (int64_t i = 0; !kept && i < n_out; ++i) kept = Py_REFCNT(PyTuple_GET_ITEM(out_tuple, i)) != 1;
+      if (kept) {
+        *misuse = "the callback kept a reference to one of its `out` or `args` arrays "
+                  "(or a view of one) after returning; these arrays view memory that "
+                  "is only valid during the call: store a copy instead (np.array(x))";
+        ok = false;
+      }
+    }
+  }
+  Py_XDECREF(in_tuple);
+  Py_XDECREF(out_tuple);
+  return ok;
+}
+
+ffi::Error RunPython(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets) {
+  const size_t n_in = args->size, n_out = rets->size;
+  if (!site.in_mapped.empty() && site.in_mapped.size() != n_in) {
+    return ErrorText(&site, "internal error: call site expects " +
+                                std::to_string(site.in_mapped.size()) + " inputs, got " +
+                                std::to_string(n_in));
+  }
+  GilHold gil;
+  std::string misuse;
+  bool ok = true;
+  if (site.batch_shape.empty() && site.in_mapped.empty()) {
+    std::vector<int64_t> zeros(std::max(n_in, n_out), 0);
+    ok = CallOnce(site, args, rets, zeros.data(), zeros.data(), 0, &misuse);
+  } else {
+    // Walk the batch: one callback call per element, each on views at offsets.
+    const size_t levels = site.batch_shape.size();
+    int64_t total = 1;
+    for (int64_t b : site.batch_shape) total *= b;
+    std::vector<int64_t> index(levels, 0), in_off(n_in, 0), out_off(n_out, 0);
+    for (int64_t e = 0; ok && e < total; ++e) {
+      ok = CallOnce(site, args, rets, in_off.data(), out_off.data(),
+                    static_cast<int>(levels), &misuse);
+      // Advance the multi-index (innermost level fastest) and the offsets.
+      for (size_t l = levels; l-- > 0;) {
+        if (++index[l] < site.batch_shape[l]) {
+          for (size_t i = 0; i < n_in; ++i) in_off[i] += site.in_strides[i][l];
+          for (size_t i = 0; i < n_out; ++i) out_off[i] += site.out_strides[i][l];
+          break;
+        }
+        index[l] = 0;
+        for (size_t i = 0; i < n_in; ++i) in_off[i] -= site.in_strides[i][l] * (site.batch_shape[l] - 1);
+        for (size_t i = 0; i < n_out; ++i) out_off[i] -= site.out_strides[i][l] * (site.batch_shape[l] - 1);
+      }
+    }
+  }
+  if (ok) return ffi::Error::Success();
+  if (!misuse.empty()) return ErrorText(&site, misuse);
+  return ErrorFromPython(site);
+}
+
+// RemainingArgs/RemainingRets keep the raw frame protected; a member pointer
+// formed through a derived class reads it without copying or decoding.
+struct RawFrame : ffi::RemainingArgs, ffi::RemainingRets {
+  static const XLA_FFI_Args* Args(const ffi::RemainingArgs& a) {
+    return (a.*(&RawFrame::args))();
+  }
+  static const XLA_FFI_Rets* Rets(const ffi::RemainingRets& r) {
+    return (r.*(&RawFrame::rets))();
+  }
+};
+
+// The one XLA handler for every jaxbind op.
+ffi::Error Dispatch(int64_t site_id, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  const Site* site = LookupSite(site_id);
+  if (site == nullptr) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "jaxbind: the compiled program names call site " +
+                          std::to_string(site_id) +
+                          ", which is not registered in this process (was the "
+                          "program compiled in another process?)");
+  }
+  if (!Py_IsInitialized()) return ErrorText(site, "the Python interpreter is not running");
+  return RunPython(*site, RawFrame::Args(args), RawFrame::Rets(rets));
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxbind_dispatch, Dispatch,
+                              ffi::Ffi::Bind()
+                                  .Attr<int64_t>("site")
+                                  .RemainingArgs()
+                                  .RemainingRets());
+
+NB_MODULE(_trampoline, m) {
+  if (PyArray_ImportNumPyAPI() < 0) throw nb::python_error();
+  m.doc() = "jaxbind's compiled core: the XLA custom-call handler and its registry.";
+
+  m.def("handler", []() {
+    return nb::capsule(reinterpret_cast<void*>(&jaxbind_dispatch));
+  }, "The XLA FFI handler, as a capsule for jax.ffi.register_ffi_target.");
+
+  m.def("set_dtype", [](int code, nb::handle dtype) {
+    if (code < 0 || code >= kNumDtypeCodes) throw nb::value_error("dtype code out of range");
+    PyArray_Descr* descr = nullptr;
+    if (!PyArray_DescrConverter(dtype.ptr(), &descr)) throw nb::python_error();
+    PyArray_Descr* old = g_descr[code];
+    g_descr[code] = descr;  // keeps the new reference
+    Py_XDECREF(old);
+  }, nb::arg("code"), nb::arg("dtype"), "Map an XLA FFI dtype code to a NumPy dtype.");
+
+  m.def("set_error_formatter", [](nb::handle fn) {
+    Py_XINCREF(fn.ptr());
+    Py_XDECREF(g_format_error);
+    g_format_error = fn.ptr();
+  }, "Set the function (op_name, exception) -> str used for callback errors.");
+
+  m.def("register_site",
+        [](std::string name, nb::handle callable, nb::bytes kwargs_dump,
+           std::vector<int64_t> batch_shape, std::vector<std::vector<int64_t>> in_strides,
+           std::vector<int> in_mapped, std::vector<std::vector<int64_t>> out_strides) {
+          auto site = std::make_unique<Site>();
+          site->name = std::move(name);
+          Py_INCREF(callable.ptr());
+          site->callable = callable.ptr();
+          Py_INCREF(kwargs_dump.ptr());
+          site->kwargs_dump = kwargs_dump.ptr();
+          site->batch_shape = std::move(batch_shape);
+          site->in_strides = std::move(in_strides);
+          site->in_mapped = std::move(in_mapped);
+          site->out_strides = std::move(out_strides);
+          return PublishSite(std::move(site));
+        },
+        nb::arg("name"), nb::arg("callable"), nb::arg("kwargs_dump"),
+        nb::arg("batch_shape"), nb::arg("in_strides"), nb::arg("in_mapped"),
+        nb::arg("out_strides"),
+        "Register a call site; returns the id the compiled program carries.");
+
+  m.def("num_sites", []() { return g_num_sites.load(); }, "Number of registered call sites.");
+}

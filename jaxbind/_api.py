@@ -1,0 +1,225 @@
+"""The public constructors: ``get_linear_call`` and ``get_nonlinear_call``."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Callable, Sequence, Tuple, Union
+
+import jax
+import numpy as np
+
+from ._definition import FORWARD, Family, OpDef, Role, _name_of
+from ._kwargs import Kwargs
+from ._primitive import bind
+
+__all__ = ["Op", "get_linear_call", "get_nonlinear_call"]
+
+
+class Op:
+    """A callable JAX operation made from user callbacks.
+
+    ``op(*arrays, **kwargs)`` returns the list of outputs. Keyword arguments are
+    static: they reach ``abstract`` as keyword arguments and the callbacks
+    serialized in ``kwargs_dump``. Ops built from the same functions and flags
+    compare and hash equal.
+    """
+
+    __slots__ = ("definition",)
+
+    def __init__(self, definition: OpDef):
+        self.definition = definition
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+    def __call__(self, *args, **kwargs):
+        d = self.definition
+        n = len(args)
+        if d.kind == "multilinear" and n != d.first_n_args_fixed + d.n_linear_args:
+            raise TypeError(
+                f"jaxbind op '{d.name}' takes {d.first_n_args_fixed} fixed and "
+                f"{d.n_linear_args} multilinear array arguments (one per transpose given), "
+                f"but was called with {n}."
+            )
+        if d.kind != "nonlinear" and n <= d.first_n_args_fixed:
+            raise TypeError(
+                f"jaxbind op '{d.name}' has first_n_args_fixed={d.first_n_args_fixed} and needs at "
+                f"least one linear argument after them, but was called with {n} argument(s)."
+            )
+        if n < d.first_n_args_fixed:
+            raise TypeError(
+                f"jaxbind op '{d.name}' has first_n_args_fixed={d.first_n_args_fixed}, "
+                f"but was called with only {n} argument(s)."
+            )
+        for i, a in enumerate(args):
+            if not isinstance(a, _ARRAY_TYPES):
+                raise TypeError(
+                    f"jaxbind op '{d.name}': argument {i} is a {type(a).__name__}; op arguments "
+                    "must be arrays (jax or NumPy) or scalars. Pass static values as keyword "
+                    "arguments instead."
+                )
+        if d.func_can_batch and "batch_axes" in kwargs:
+            raise TypeError(
+                f"jaxbind op '{d.name}': 'batch_axes' is reserved for ops with func_can_batch=True; "
+                "jaxbind passes it to the callbacks itself."
+            )
+        if d.kind == "linear":
+            role = Role(d, 0, slot=1, n_fixed=d.first_n_args_fixed, in_sizes=(n - d.first_n_args_fixed,))
+        elif d.kind == "multilinear":
+            role = Role(d, 0, slot=d.n_linear_args, n_fixed=d.first_n_args_fixed,
+                        in_sizes=(1,) * d.n_linear_args)
+        else:
+            role = Role(d, 0, slot=0, n_fixed=d.first_n_args_fixed, in_sizes=())
+        return bind(args, role, Kwargs(kwargs, d.name))
+
+    def __eq__(self, other):
+        return isinstance(other, Op) and self.definition == other.definition
+
+    def __hash__(self):
+        return hash(self.definition)
+
+    def __repr__(self):
+        return f"<jaxbind {self.definition.kind} op '{self.name}'>"
+
+
+_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, numbers.Number)
+
+
+def _check_callable(value, what: str, name: str):
+    if not callable(value):
+        raise TypeError(f"jaxbind op '{name}': {what} must be callable, got {type(value).__name__}.")
+
+
+def _check_flags(name: str, first_n_args_fixed, func_can_batch):
+    if isinstance(first_n_args_fixed, bool) or not isinstance(first_n_args_fixed, numbers.Integral) \
+            or first_n_args_fixed < 0:
+        raise ValueError(
+            f"jaxbind op '{name}': first_n_args_fixed must be a non-negative integer, "
+            f"got {first_n_args_fixed!r}."
+        )
+    if not isinstance(func_can_batch, (bool, np.bool_)):
+        raise TypeError(f"jaxbind op '{name}': func_can_batch must be a bool, got {func_can_batch!r}.")
+    return int(first_n_args_fixed), bool(func_can_batch)
+
+
+def get_linear_call(
+    f: Callable,
+    f_T: Union[Callable, Sequence[Callable]],
+    /,
+    abstract: Callable,
+    abstract_T: Union[Callable, Sequence[Callable]],
+    *,
+    first_n_args_fixed: int = 0,
+    func_can_batch: bool = False,
+) -> Op:
+    """Create a JAX op from a linear (or multilinear) function and its transpose(s).
+
+    Args:
+      f: ``f(out, args, kwargs_dump)``; writes the outputs into the arrays of the
+        tuple ``out`` from the input arrays ``args`` (read-only). ``kwargs_dump``
+        holds the call's keyword arguments; ``jaxbind.load_kwargs`` restores them.
+        Must return None.
+      f_T: the transpose, same signature: receives ``(*fixed args, *output
+        cotangents)`` and writes the cotangents of the linear arguments. A tuple
+        with one transpose per linear argument makes a multilinear op: the
+        ``i``-th receives all arguments except the ``i``-th, then the output
+        cotangents, and writes the cotangent of argument ``i``.
+      abstract: ``abstract(*args, **kwargs)`` -> one ``(shape, dtype)`` per output
+        of ``f`` (plus the output batch axis as a third entry when
+        ``func_can_batch``); receives objects with ``shape`` and ``dtype``.
+      abstract_T: the same for ``f_T`` (a tuple matching ``f_T`` for multilinear ops).
+      first_n_args_fixed: the first arguments are not differentiated (and ``f``
+        need not be linear in them).
+      func_can_batch: the callbacks handle batching themselves; they and the
+        abstracts receive ``batch_axes`` (a tuple per input of its batch axes,
+        or None) in their kwargs.
+
+    Returns:
+      The op: ``op(*args, **kwargs)`` returns the list of outputs.
+    """
+    name = _name_of(f)
+    _check_callable(f, "f", name)
+    _check_callable(abstract, "abstract", name)
+    first_n_args_fixed, func_can_batch = _check_flags(name, first_n_args_fixed, func_can_batch)
+    if isinstance(f_T, (tuple, list)):
+        if not isinstance(abstract_T, (tuple, list)) or len(abstract_T) != len(f_T):
+            raise ValueError(
+                f"jaxbind op '{name}': f_T is a tuple of {len(f_T)} transposes (a multilinear op), "
+                f"so abstract_T must be a tuple of as many abstract functions, got {abstract_T!r:.100}."
+            )
+        if not f_T:
+            raise ValueError(f"jaxbind op '{name}': f_T is an empty tuple; give one transpose per linear argument.")
+        for i, (t, a) in enumerate(zip(f_T, abstract_T)):
+            _check_callable(t, f"f_T[{i}]", name)
+            _check_callable(a, f"abstract_T[{i}]", name)
+        family = Family(
+            callbacks=tuple(f_T) + (f,),
+            abstracts=tuple(abstract_T) + (abstract,),
+            labels=tuple(f"transpose {i} callback" for i in range(len(f_T))) + (FORWARD,),
+            linear=True,
+        )
+        kind = "multilinear"
+    else:
+        if isinstance(abstract_T, (tuple, list)):
+            raise ValueError(
+                f"jaxbind op '{name}': abstract_T is a tuple but f_T is a single function; "
+                "pass tuples for both (a multilinear op) or single functions for both."
+            )
+        _check_callable(f_T, "f_T", name)
+        _check_callable(abstract_T, "abstract_T", name)
+        family = Family(
+            callbacks=(f_T, f), abstracts=(abstract_T, abstract),
+            labels=("transpose callback", FORWARD), linear=True,
+        )
+        kind = "linear"
+    return Op(OpDef(kind, name, (family,), first_n_args_fixed, func_can_batch))
+
+
+def get_nonlinear_call(
+    f: Callable,
+    f_derivative: Tuple[Callable, Callable],
+    /,
+    abstract: Callable,
+    abstract_reverse: Callable,
+    *,
+    first_n_args_fixed: int = 0,
+    func_can_batch: bool = False,
+) -> Op:
+    """Create a JAX op from a nonlinear function with its jvp and vjp.
+
+    Args:
+      f: ``f(out, args, kwargs_dump)``, as for ``get_linear_call``.
+      f_derivative: ``(f_jvp, f_vjp)``. ``f_jvp`` receives ``(*primals, *tangents
+        of the differentiable arguments)`` and writes the output tangents;
+        ``f_vjp`` receives ``(*primals, *output cotangents)`` and writes the
+        cotangents of the differentiable arguments.
+      abstract: output shapes and dtypes of ``f`` and of ``f_jvp`` (it is called
+        with the arguments of each).
+      abstract_reverse: output shapes and dtypes of ``f_vjp``, from its arguments.
+      first_n_args_fixed: the first arguments are not differentiated.
+      func_can_batch: the callbacks handle batching themselves (see
+        ``get_linear_call``).
+
+    Returns:
+      The op: ``op(*args, **kwargs)`` returns the list of outputs. Derivatives
+      are first order only.
+    """
+    name = _name_of(f)
+    _check_callable(f, "f", name)
+    _check_callable(abstract, "abstract", name)
+    _check_callable(abstract_reverse, "abstract_reverse", name)
+    first_n_args_fixed, func_can_batch = _check_flags(name, first_n_args_fixed, func_can_batch)
+    if not isinstance(f_derivative, (tuple, list)) or len(f_derivative) != 2:
+        raise TypeError(
+            f"jaxbind op '{name}': f_derivative must be a pair (f_jvp, f_vjp), got {f_derivative!r:.100}."
+        )
+    f_jvp, f_vjp = f_derivative
+    _check_callable(f_jvp, "f_jvp (f_derivative[0])", name)
+    _check_callable(f_vjp, "f_vjp (f_derivative[1])", name)
+    forward = Family(callbacks=(f,), abstracts=(abstract,), labels=(FORWARD,), linear=False)
+    derivative = Family(
+        callbacks=(f_vjp, f_jvp), abstracts=(abstract_reverse, abstract),
+        labels=("vjp callback", "jvp callback"), linear=True,
+    )
+    return Op(OpDef("nonlinear", name, (forward, derivative), first_n_args_fixed, func_can_batch))

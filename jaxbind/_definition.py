@@ -1,0 +1,142 @@
+"""Op definitions: the callbacks and abstracts a user binds, and the roles they play.
+
+Every op is described by *families* of callbacks. Within a family the arrays
+form *slots*: groups of arrays such that the family is linear in each slot (and
+jointly linear within a slot). Each callback of a family computes one slot from
+all the others; transposing it with respect to another slot gives that slot's
+callback. This one picture covers every kind of op:
+
+- a linear op ``y = f(fixed, x)``: slots ``[x (all linear args), y (outputs)]``,
+  callbacks ``(f_T, f)``;
+- a multilinear op ``y = f(fixed, a0, ..., an)``: slots ``[a0], ..., [an], [y]``,
+  callbacks ``(f_T[0], ..., f_T[n], f)``;
+- a nonlinear op: its forward ``f`` (family 0, not linear) and the linear family
+  of its derivative at the primal point, slots ``[dx, dy]``, callbacks
+  ``(f_vjp, f_jvp)``, with every primal as a fixed argument.
+
+A :class:`Role` names one callback of one family, with the slot sizes it is
+bound with; it is the static parameter the jaxbind primitive carries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional, Tuple
+
+FORWARD = "forward"
+
+
+class JaxbindError(RuntimeError):
+    """A user-supplied function (an abstract) failed while an op was traced."""
+
+
+def _name_of(fn) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """Callbacks and abstracts by slot; ``linear`` says whether slots are linear."""
+
+    callbacks: Tuple[Callable, ...]
+    abstracts: Tuple[Callable, ...]
+    labels: Tuple[str, ...]  # what each callback is, for messages
+    linear: bool
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class OpDef:
+    """Everything the user passed when creating an op.
+
+    Two definitions built from the same functions and flags are equal, so ops
+    share compiled code.
+    """
+
+    kind: str  # "linear", "multilinear" or "nonlinear"
+    name: str
+    families: Tuple[Family, ...]
+    first_n_args_fixed: int
+    func_can_batch: bool
+
+    def _key(self):
+        return (self.kind, self.families, self.first_n_args_fixed, self.func_can_batch)
+
+    def __eq__(self, other):
+        return isinstance(other, OpDef) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        return self.name
+
+    @property
+    def n_linear_args(self) -> Optional[int]:
+        """The number of multilinear arguments, fixed by the transposes given."""
+        if self.kind == "multilinear":
+            return len(self.families[0].callbacks) - 1
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Role:
+    """One callback of one family of an op, as bound in a program.
+
+    Inputs of the callback are the ``n_fixed`` fixed arrays followed by the
+    arrays of every slot except ``slot``, in slot order; ``in_sizes`` gives those
+    slots' sizes. Its outputs are the arrays of slot ``slot``.
+    """
+
+    op: OpDef
+    family: int
+    slot: int
+    n_fixed: int
+    in_sizes: Tuple[int, ...]
+
+    @property
+    def callback(self):
+        return self.op.families[self.family].callbacks[self.slot]
+
+    @property
+    def abstract(self):
+        return self.op.families[self.family].abstracts[self.slot]
+
+    @property
+    def linear(self) -> bool:
+        return self.op.families[self.family].linear
+
+    @property
+    def label(self) -> str:
+        """e.g. ``op 'scale'`` or ``op 'scale' (transpose callback 'scale_T')``."""
+        what = self.op.families[self.family].labels[self.slot]
+        if what == FORWARD:
+            return f"op '{self.op.name}'"
+        return f"op '{self.op.name}' ({what} '{_name_of(self.callback)}')"
+
+    @property
+    def n_slots(self) -> int:
+        return len(self.in_sizes) + 1
+
+    def slot_sizes(self, n_out: int) -> Tuple[int, ...]:
+        """Sizes of all slots, given how many outputs (this role's slot) there are."""
+        sizes = list(self.in_sizes)
+        sizes.insert(self.slot, n_out)
+        return tuple(sizes)
+
+    def input_groups(self):
+        """``(slot, start, stop)`` of each input slot within the argument list."""
+        groups, start, others = [], self.n_fixed, [s for s in range(self.n_slots) if s != self.slot]
+        for slot, size in zip(others, self.in_sizes):
+            groups.append((slot, start, start + size))
+            start += size
+        return groups
+
+    def with_slot(self, slot: int, n_out: int) -> "Role":
+        """The role of the same family that computes ``slot`` (the transpose)."""
+        sizes = self.slot_sizes(n_out)
+        return dataclasses.replace(
+            self, slot=slot, in_sizes=tuple(s for i, s in enumerate(sizes) if i != slot)
+        )
+
+    def __repr__(self):
+        return self.label.replace("op ", "", 1)

@@ -1,0 +1,88 @@
+"""Static keyword arguments of an op call: serialized once, keyed by value."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = ["Kwargs", "load_kwargs"]
+
+
+def load_kwargs(kwargs_dump) -> dict:
+    """Turn the ``kwargs_dump`` a callback receives back into the kwargs dict.
+
+    Args:
+      kwargs_dump: the third argument of a jaxbind callback (bytes, or any
+        buffer such as a uint8 NumPy array holding the same bytes).
+    """
+    if not isinstance(kwargs_dump, bytes):
+        kwargs_dump = memoryview(kwargs_dump).tobytes()
+    return pickle.loads(kwargs_dump)
+
+
+def _contains_tracer(value: Any) -> bool:
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(value))
+
+
+class Kwargs:
+    """A kwargs dict with its pickled bytes; equal and hashed by those bytes.
+
+    Because equality is by value, a repeated value (even a new list or NumPy
+    array with the same contents) maps to the same compiled code.
+    """
+
+    __slots__ = ("values", "dump", "_hash")
+
+    def __init__(self, values: dict, op_name: str):
+        for key, value in values.items():
+            if _contains_tracer(value):
+                raise TypeError(
+                    f"jaxbind op '{op_name}': keyword argument '{key}' is a traced JAX value. "
+                    "Keyword arguments are static (compile-time) parameters; pass arrays that "
+                    "change from call to call as positional arguments instead."
+                )
+        try:
+            dump = pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as err:  # pickle raises many types (TypeError, PicklingError, AttributeError)
+            bad = [k for k, v in values.items() if not _picklable(v)]
+            which = f"keyword argument '{bad[0]}'" if bad else "the keyword arguments"
+            raise TypeError(
+                f"jaxbind op '{op_name}': {which} cannot be pickled ({type(err).__name__}: {err}). "
+                "Keyword arguments reach the callbacks serialized with pickle; pass values "
+                "pickle can handle (numbers, strings, lists, dicts, NumPy arrays, ...)."
+            ) from err
+        self.values = values
+        self.dump = dump
+        self._hash = hash(dump)
+
+    def with_values(self, **extra) -> "Kwargs":
+        """A copy with more entries (used for ``batch_axes``)."""
+        return Kwargs({**self.values, **extra}, op_name="")
+
+    def __eq__(self, other):
+        return isinstance(other, Kwargs) and self.dump == other.dump
+
+    def __hash__(self):
+        return self._hash
+
+    def __repr__(self):
+        text = ", ".join(f"{k}={_short_repr(v)}" for k, v in self.values.items())
+        return "{" + text + "}"
+
+
+def _picklable(value) -> bool:
+    try:
+        pickle.dumps(value)
+        return True
+    except Exception:
+        return False
+
+
+def _short_repr(value) -> str:
+    if isinstance(value, np.ndarray):
+        return f"array{list(value.shape)}:{value.dtype}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

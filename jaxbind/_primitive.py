@@ -1,0 +1,469 @@
+"""The jaxbind primitive: abstract evaluation, jvp, transpose, batching and lowering.
+
+Every op binds the same primitive with three static parameters: ``role`` (which
+callback of which op, see ``_definition``), ``kwargs`` (the op call's static
+keyword arguments) and ``batch`` (how the arrays are batched, or None). Each
+rule below is written once and reads the op definition through the role.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import traceback
+from typing import Optional, Tuple, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _trampoline
+from ._definition import JaxbindError, Role
+from ._jax_compat import Primitive, ad, apply_primitive, batching, mlir
+from ._kwargs import Kwargs
+
+# ---------------------------------------------------------------------------
+# Batching parameters
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class WalkBatch:
+    """Batched by jaxbind: the handler calls the callback once per element.
+
+    There are ``L`` batch levels (outermost first). ``masks[i][l]`` says whether
+    input ``i`` is mapped at level ``l``; its mapped levels are its leading
+    dimensions, in level order. Every output has all ``L`` levels in front.
+    """
+
+    masks: Tuple[Tuple[bool, ...], ...]
+
+    @property
+    def levels(self) -> int:
+        return len(self.masks[0]) if self.masks else 0
+
+    def __repr__(self):
+        return "walk" + "".join("(" + "".join("b" if m else "_" for m in mask) + ")" for mask in self.masks)
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeBatch:
+    """Batched by the callback itself (``func_can_batch``).
+
+    ``in_axes[i]`` are the batch axes of input ``i`` (the ``batch_axes`` the
+    callback sees); ``out_axes[j]`` those of output ``j``, one per level.
+    """
+
+    in_axes: Tuple[Tuple[int, ...], ...]
+    out_axes: Tuple[Tuple[int, ...], ...]
+
+
+Batch = Optional[Union[WalkBatch, NativeBatch]]
+
+
+# ---------------------------------------------------------------------------
+# The primitive
+# ---------------------------------------------------------------------------
+
+jaxbind_p = Primitive("jaxbind")
+jaxbind_p.multiple_results = True
+jaxbind_p.def_impl(functools.partial(apply_primitive, jaxbind_p))
+
+
+def bind(args, role: Role, kwargs: Kwargs, batch: Batch = None):
+    return jaxbind_p.bind(*args, role=role, kwargs=kwargs, batch=batch)
+
+
+# ---------------------------------------------------------------------------
+# Abstract evaluation
+# ---------------------------------------------------------------------------
+
+# XLA FFI dtype codes (XLA's PrimitiveType numbers) and their NumPy dtypes.
+_DTYPE_CODES = {
+    "bool": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5,
+    "uint8": 6, "uint16": 7, "uint32": 8, "uint64": 9,
+    "float16": 10, "float32": 11, "float64": 12, "bfloat16": 16,
+    "complex64": 15, "complex128": 18,
+    "float8_e5m2": 19, "float8_e4m3fn": 20, "float8_e4m3b11fnuz": 23,
+    "float8_e5m2fnuz": 24, "float8_e4m3fnuz": 25, "float8_e4m3": 28, "float8_e3m4": 29,
+}
+SUPPORTED_DTYPES = {}
+for _name, _code in _DTYPE_CODES.items():
+    try:
+        _dtype = jnp.dtype(_name)
+    except TypeError:  # a float8 type this ml_dtypes does not have
+        continue
+    _trampoline.set_dtype(_code, _dtype)
+    SUPPORTED_DTYPES[_dtype] = _code
+
+
+def _check_dtype(dtype, role: Role, what: str):
+    if np.dtype(dtype) not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"jaxbind {role.label}: {what} has dtype {np.dtype(dtype)}, which jaxbind cannot "
+            f"pass to a callback. Supported: {', '.join(sorted(str(d) for d in SUPPORTED_DTYPES))}."
+        )
+
+
+def _bad_abstract(role: Role, result, why: str):
+    return TypeError(
+        f"jaxbind {role.label}: its abstract function must return a tuple with one "
+        f"(shape, dtype) pair per output{' (and the output batch axis as a third entry when batching)' if role.op.func_can_batch else ''}; "
+        f"{why}. It returned {result!r:.200}."
+    )
+
+
+def _looks_like_pair(result) -> bool:
+    return (
+        isinstance(result, tuple) and len(result) == 2
+        and isinstance(result[0], tuple) and all(isinstance(d, (int, np.integer)) for d in result[0])
+        and not isinstance(result[1], (tuple, list))
+    )
+
+
+def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axis=False):
+    """Run the user's abstract for ``role`` and check what it returns.
+
+    Returns a list of ``(shape, dtype, out_axis)`` (``out_axis`` None unless given).
+    """
+    values = kwargs.values
+    if role.op.func_can_batch:
+        values = {**values, "batch_axes": batch_axes}
+    try:
+        result = role.abstract(*structs, **values)
+    except TypeError as err:
+        try:
+            inspect.signature(role.abstract).bind(*structs, **values)
+        except TypeError as sig_err:
+            raise TypeError(
+                f"jaxbind {role.label} was called with {len(structs)} array argument(s) "
+                f"and keyword arguments {sorted(values)}, which its abstract function "
+                f"does not accept: {sig_err}. Check the number of arguments passed to the op."
+            ) from err
+        except ValueError:  # no signature available (builtins)
+            pass
+        raise JaxbindError(f"jaxbind {role.label}: its abstract function raised TypeError: {err}") from err
+    except Exception as err:
+        raise JaxbindError(
+            f"jaxbind {role.label}: its abstract function raised {type(err).__name__}: {err}"
+        ) from err
+    if _looks_like_pair(result):
+        raise _bad_abstract(role, result, "got a single pair; wrap it in a tuple: ((shape, dtype),)")
+    if not isinstance(result, (tuple, list)):
+        raise _bad_abstract(role, result, f"got a {type(result).__name__}")
+    outs = []
+    for k, entry in enumerate(result):
+        if not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3):
+            raise _bad_abstract(role, result, f"entry {k} is not a (shape, dtype) pair")
+        shape, dtype = entry[0], entry[1]
+        try:
+            shape = tuple(int(d) for d in shape)
+            dtype = np.dtype(dtype)
+        except Exception:
+            raise _bad_abstract(role, result, f"entry {k} has no valid shape and dtype") from None
+        if any(d < 0 for d in shape):
+            raise _bad_abstract(role, result, f"entry {k} has a negative dimension")
+        _check_dtype(dtype, role, f"output {k} (from its abstract)")
+        axis = entry[2] if len(entry) == 3 else None
+        if want_axis:
+            if not isinstance(axis, (int, np.integer)) or not -len(shape) <= axis < len(shape):
+                raise _bad_abstract(
+                    role, result,
+                    f"entry {k} needs a valid output batch axis as its third element "
+                    f"(the op has func_can_batch=True and is being batched)",
+                )
+            axis = int(axis) % len(shape)
+        outs.append((shape, dtype, axis))
+    return outs
+
+
+def _structs(avals):
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+
+
+def _walk_batch_shape(shapes, batch: WalkBatch):
+    """Sizes of the batch levels, read off the inputs mapped at each level."""
+    sizes = [None] * batch.levels
+    for shape, mask in zip(shapes, batch.masks):
+        pos = 0
+        for level, mapped in enumerate(mask):
+            if mapped:
+                sizes[level] = shape[pos]
+                pos += 1
+    return tuple(sizes)
+
+
+def _abstract_eval(*avals, role: Role, kwargs: Kwargs, batch: Batch):
+    for i, aval in enumerate(avals):
+        _check_dtype(aval.dtype, role, f"argument {i}")
+    if isinstance(batch, WalkBatch):
+        core = [
+            jax.ShapeDtypeStruct(a.shape[sum(m):], a.dtype) for a, m in zip(avals, batch.masks)
+        ]
+        prefix = _walk_batch_shape([a.shape for a in avals], batch)
+        outs = call_abstract(role, core, kwargs)
+        return [jax.core.ShapedArray(prefix + shape, dtype) for shape, dtype, _ in outs]
+    axes = batch.in_axes if isinstance(batch, NativeBatch) else None
+    outs = call_abstract(role, _structs(avals), kwargs, batch_axes=axes)
+    return [jax.core.ShapedArray(shape, dtype) for shape, dtype, _ in outs]
+
+
+jaxbind_p.def_abstract_eval(_abstract_eval)
+
+
+# ---------------------------------------------------------------------------
+# Differentiation
+# ---------------------------------------------------------------------------
+
+
+def _not_differentiable(role: Role, index: int, verb: str):
+    if role.family > 0:
+        return ValueError(
+            f"jaxbind op '{role.op.name}': second-order derivatives of a nonlinear op are not "
+            f"supported (its jvp and vjp callbacks are not differentiable with respect to the "
+            f"primal point; {verb} argument {index} of {role.label} was requested). Use "
+            "forward-over-nothing: take only first-order derivatives of nonlinear ops."
+        )
+    return ValueError(
+        f"jaxbind {role.label}: argument {index} is one of the first_n_args_fixed="
+        f"{role.n_fixed} fixed arguments and cannot be differentiated ({verb} it was requested). "
+        "Wrap the call so that it is held constant (e.g. jax.lax.stop_gradient), or "
+        "lower first_n_args_fixed."
+    )
+
+
+def _instantiate(t):
+    return ad.instantiate_zeros(t) if type(t) is ad.Zero else t
+
+
+def _zero_tangents(outs):
+    return [ad.Zero(jax.core.get_aval(o).to_tangent_aval()) for o in outs]
+
+
+def _jvp_rule(primals, tangents, *, role: Role, kwargs: Kwargs, batch: Batch):
+    for i in range(role.n_fixed):
+        if type(tangents[i]) is not ad.Zero:
+            raise _not_differentiable(role, i, "a derivative with respect to")
+    outs = bind(primals, role, kwargs, batch)
+    tangent_out = None
+    if role.linear:
+        # Linear within a slot, multilinear across slots: one call per slot
+        # whose tangents are not all zero, with that slot's arrays replaced.
+        for _, start, stop in role.input_groups():
+            group = tangents[start:stop]
+            if all(type(t) is ad.Zero for t in group):
+                continue
+            args = list(primals)
+            args[start:stop] = [_instantiate(t) for t in group]
+            term = bind(args, role, kwargs, batch)
+            tangent_out = term if tangent_out is None else [a + b for a, b in zip(tangent_out, term)]
+    elif any(type(t) is not ad.Zero for t in tangents[role.n_fixed:]):
+        # The derivative family of a nonlinear op: f_jvp(*primals, *tangents).
+        n, n_fixed = len(primals), role.n_fixed
+        jvp_role = Role(role.op, family=1, slot=1, n_fixed=n, in_sizes=(n - n_fixed,))
+        dtangents = [_instantiate(t) for t in tangents[n_fixed:]]
+        tangent_out = bind([*primals, *dtangents], jvp_role, kwargs,
+                           _extend_batch(batch, n_fixed, n))
+    if tangent_out is None:
+        tangent_out = _zero_tangents(outs)
+    return outs, tangent_out
+
+
+def _extend_batch(batch: Batch, n_fixed: int, n: int) -> Batch:
+    """Batch of ``f_jvp(*primals, *tangents)``: tangents batch like their primals."""
+    if isinstance(batch, WalkBatch):
+        return WalkBatch(batch.masks + batch.masks[n_fixed:n])
+    if isinstance(batch, NativeBatch):
+        return NativeBatch(batch.in_axes + batch.in_axes[n_fixed:n], batch.out_axes)
+    return None
+
+
+def _regroup(role: Role, new_slot: int, fixed, inputs, outputs):
+    """Inputs of ``role.with_slot(new_slot)``, given per-array items of ``role``.
+
+    Items may be arrays, batch masks or batch axes: the arrays of slot
+    ``role.slot`` (``outputs``) take their place among the slots, and the
+    arrays of ``new_slot`` drop out.
+    """
+    by_slot = {role.slot: list(outputs)}
+    for slot, start, stop in role.input_groups():
+        by_slot[slot] = list(inputs[start - role.n_fixed:stop - role.n_fixed])
+    regrouped = list(fixed)
+    for slot in range(role.n_slots):
+        if slot != new_slot:
+            regrouped += by_slot[slot]
+    return regrouped
+
+
+def _transpose_rule(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
+    if not role.linear:  # JAX transposes only what our jvp rule emitted
+        raise JaxbindError(f"jaxbind {role.label}: cannot transpose a nonlinear callback")
+    for i in range(role.n_fixed):
+        if ad.is_undefined_primal(args[i]):
+            raise _not_differentiable(role, i, "a transpose with respect to")
+    linear = [g for g in role.input_groups() if any(ad.is_undefined_primal(a) for a in args[g[1]:g[2]])]
+    if not linear or all(type(ct) is ad.Zero for ct in cts):
+        return [None] * len(args)
+    if len(linear) > 1:
+        raise ValueError(
+            f"jaxbind {role.label}: the op is multilinear, not linear, in arguments "
+            f"{linear[0][1]} and {linear[1][1]} together; it can be transposed with respect "
+            "to one of them at a time only."
+        )
+    slot, start, stop = linear[0]
+    cts = [_instantiate(ct) for ct in cts]
+    n_fixed = role.n_fixed
+    new_role = role.with_slot(slot, len(cts))
+    new_args = _regroup(role, slot, args[:n_fixed], args[n_fixed:], cts)
+    if isinstance(batch, WalkBatch):
+        full = (True,) * batch.levels
+        new_batch = WalkBatch(tuple(_regroup(
+            role, slot, batch.masks[:n_fixed], batch.masks[n_fixed:], [full] * len(cts))))
+    elif isinstance(batch, NativeBatch):
+        new_batch = NativeBatch(
+            tuple(_regroup(role, slot, batch.in_axes[:n_fixed], batch.in_axes[n_fixed:], batch.out_axes)),
+            batch.in_axes[start:stop],
+        )
+    else:
+        new_batch = None
+    results = bind(new_args, new_role, kwargs, new_batch)
+    if isinstance(batch, WalkBatch):
+        # Levels at which an argument was not mapped were broadcast over: its
+        # cotangent is the sum over them.
+        results = [
+            r if all(mask) else jnp.sum(r, axis=tuple(l for l, m in enumerate(mask) if not m))
+            for r, mask in zip(results, batch.masks[start:stop])
+        ]
+    out = [None] * len(args)
+    for i in range(start, stop):
+        if ad.is_undefined_primal(args[i]):
+            out[i] = results[i - start]
+    return out
+
+
+ad.primitive_jvps[jaxbind_p] = _jvp_rule
+ad.primitive_transposes[jaxbind_p] = _transpose_rule
+
+
+# ---------------------------------------------------------------------------
+# Batching
+# ---------------------------------------------------------------------------
+
+
+def _batch_rule(args, dims, *, role: Role, kwargs: Kwargs, batch: Batch):
+    if role.op.func_can_batch:
+        return _batch_native(args, dims, role, kwargs, batch)
+    # Move each new batch axis to the front: levels are leading dimensions,
+    # outermost first, and the handler walks them.
+    old = batch.masks if batch is not None else ((),) * len(args)
+    new_args, masks = [], []
+    for x, d, mask in zip(args, dims, old):
+        mapped = d is not None
+        new_args.append(jnp.moveaxis(x, d, 0) if mapped and d != 0 else x)
+        masks.append((mapped,) + mask)
+    outs = bind(new_args, role, kwargs, WalkBatch(tuple(masks)))
+    return outs, [0] * len(outs)
+
+
+def _shift(axes, new_axis):
+    """Axes after inserting ``new_axis``, then ``new_axis`` appended."""
+    return tuple(a + 1 if a >= new_axis else a for a in axes) + (new_axis,)
+
+
+def _batch_native(args, dims, role: Role, kwargs: Kwargs, batch: Batch):
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+    old_in = batch.in_axes if batch is not None else ((),) * len(args)
+    new_args, in_axes = [], []
+    for i, (x, d, axes) in enumerate(zip(args, dims, old_in)):
+        if d is None and i >= role.n_fixed:
+            # Differentiable inputs are batched at every level so that
+            # transposes produce cotangents at every level.
+            x, d = jnp.broadcast_to(x[None], (size,) + x.shape), 0
+        new_args.append(x)
+        in_axes.append(axes if d is None else _shift(axes, d))
+    in_axes = tuple(in_axes)
+    structs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in new_args]
+    outs_abstract = call_abstract(role, structs, kwargs, batch_axes=in_axes, want_axis=True)
+    out_new = [axis for _, _, axis in outs_abstract]
+    old_out = batch.out_axes if batch is not None else ((),) * len(out_new)
+    out_axes = tuple(_shift(axes, a) for axes, a in zip(old_out, out_new))
+    outs = bind(new_args, role, kwargs, NativeBatch(in_axes, out_axes))
+    return outs, out_new
+
+
+batching.primitive_batchers[jaxbind_p] = _batch_rule
+
+
+# ---------------------------------------------------------------------------
+# Lowering: a custom call that names a registered call site
+# ---------------------------------------------------------------------------
+
+TARGET = "jaxbind_dispatch"
+jax.ffi.register_ffi_target(TARGET, _trampoline.handler(), platform="cpu")
+_ffi_lowering = jax.ffi.ffi_lowering(TARGET)
+_sites: dict = {}
+
+
+def format_callback_error(label: str, exc: BaseException) -> str:
+    """The message of the error a failing callback raises from the compiled call."""
+    frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return (
+        f"jaxbind {label}: the callback raised {type(exc).__name__}: {exc}\n"
+        + "".join(frames).rstrip()
+    )
+
+
+_trampoline.set_error_formatter(format_callback_error)
+
+
+def _contiguous_strides(shape, itemsize):
+    strides, step = [], itemsize
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return strides[::-1]
+
+
+def _walk_layout(batch: WalkBatch, avals_in, avals_out):
+    """Byte strides of each array per batch level (0 where not mapped)."""
+    levels = batch.levels
+    in_strides, in_mapped = [], []
+    for aval, mask in zip(avals_in, batch.masks):
+        mapped = sum(mask)
+        per_dim = _contiguous_strides(aval.shape, aval.dtype.itemsize)
+        it = iter(per_dim[:mapped])
+        in_strides.append([next(it) if m else 0 for m in mask])
+        in_mapped.append(mapped)
+    out_strides = [_contiguous_strides(a.shape, a.dtype.itemsize)[:levels] for a in avals_out]
+    shape = list(_walk_batch_shape([a.shape for a in avals_in], batch))
+    return shape, in_strides, in_mapped, out_strides
+
+
+def site_for(role: Role, kwargs: Kwargs, batch: Batch, avals_in, avals_out) -> int:
+    """The registry id of the call site, registered on first use."""
+    shapes = None
+    if isinstance(batch, WalkBatch):
+        shapes = tuple((a.shape, a.dtype) for a in avals_in)
+    key = (role.callback, role.label, kwargs, batch, shapes)
+    site = _sites.get(key)
+    if site is None:
+        dump = kwargs.dump
+        if isinstance(batch, NativeBatch):
+            dump = kwargs.with_values(batch_axes=batch.in_axes).dump
+        elif role.op.func_can_batch:
+            dump = kwargs.with_values(batch_axes=None).dump
+        layout = ([], [], [], [])
+        if isinstance(batch, WalkBatch):
+            layout = _walk_layout(batch, avals_in, avals_out)
+        site = _trampoline.register_site(role.label, role.callback, dump, *layout)
+        _sites[key] = site
+    return site
+
+
+def _lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
+    site = site_for(role, kwargs, batch, ctx.avals_in, ctx.avals_out)
+    return _ffi_lowering(ctx, *args, site=np.int64(site))
+
+
+mlir.register_lowering(jaxbind_p, _lowering, platform="cpu")
