@@ -38,7 +38,7 @@ namespace {
 
 // One compiled custom call: a callable plus everything that is static about it.
 struct Site {
-  std::string name;      // the op's name, for error messages
+  std::string name;      // e.g. "op 'scale' (transpose callback 'scale_T')", for errors
   PyObject* callable;    // strong reference, owned for the process lifetime
   PyObject* kwargs_dump; // bytes, handed to every call unchanged
   // Batch walk (empty when the callable sees the whole arrays):
@@ -168,7 +168,7 @@ ffi::Error ErrorFromPython(const Site& site) {
     PyErr_Clear();
   }
   if (message.empty()) {
-    message = "jaxbind op '" + site.name + "': the callback raised an exception";
+    message = "jaxbind " + site.name + ": the callback raised an exception";
   }
   Py_XDECREF(type);
   Py_XDECREF(value);
@@ -177,8 +177,8 @@ ffi::Error ErrorFromPython(const Site& site) {
 }
 
 ffi::Error ErrorText(const Site* site, const std::string& what) {
-  std::string name = site ? site->name : std::string("?");
-  return ffi::Error(ffi::ErrorCode::kInternal, "jaxbind op '" + name + "': " + what);
+  std::string name = site ? site->name : std::string("op '?'");
+  return ffi::Error(ffi::ErrorCode::kInternal, "jaxbind " + name + ": " + what);
 }
 
 // ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ class Op:
     compare and hash equal.
     """
 
-    __slots__ = ("definition",)
+    __slots__ = ("definition", "__weakref__")
 
     def __init__(self, definition: OpDef):
         self.definition = definition

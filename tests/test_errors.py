@@ -1,0 +1,148 @@
+"""Misuse: each bad definition or call raises a Python exception that names the op and says what to fix."""
+
+import pickle
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbind
+
+
+def same_shape(*args, **kwargs):
+    return tuple((a.shape, a.dtype) for a in args[-1:])
+
+
+def ident(out, args, kwargs_dump):
+    out[0][...] = args[-1]
+
+
+def test_op_and_f_must_be_callable():
+    with pytest.raises(TypeError, match=r"op 'ident': f_T must be callable"):
+        jaxbind.get_linear_call(ident, "not a function", same_shape, same_shape)
+    with pytest.raises(TypeError, match=r"op 'ident': abstract must be callable"):
+        jaxbind.get_linear_call(ident, ident, None, same_shape)
+    with pytest.raises(TypeError, match=r"op 'ident': f_derivative must be a pair"):
+        jaxbind.get_nonlinear_call(ident, ident, same_shape, same_shape)
+
+
+def test_transpose_tuple_of_wrong_length():
+    with pytest.raises(ValueError, match=r"op 'ident': f_T is a tuple of 2 transposes.*abstract_T"):
+        jaxbind.get_linear_call(ident, (ident, ident), same_shape, (same_shape,))
+    with pytest.raises(ValueError, match=r"op 'ident': abstract_T is a tuple but f_T is a single"):
+        jaxbind.get_linear_call(ident, ident, same_shape, (same_shape,))
+
+
+def test_multilinear_op_called_with_wrong_number_of_arguments():
+    op = jaxbind.get_linear_call(ident, (ident, ident), same_shape, (same_shape, same_shape))
+    with pytest.raises(TypeError, match=r"op 'ident' takes 0 fixed and 2 multilinear.*called with 3"):
+        op(jnp.ones(2), jnp.ones(2), jnp.ones(2))
+
+
+def test_bad_first_n_args_fixed():
+    with pytest.raises(ValueError, match=r"op 'ident': first_n_args_fixed must be a non-negative"):
+        jaxbind.get_linear_call(ident, ident, same_shape, same_shape, first_n_args_fixed=-1)
+    with pytest.raises(TypeError, match=r"op 'ident': func_can_batch must be a bool"):
+        jaxbind.get_linear_call(ident, ident, same_shape, same_shape, func_can_batch="yes")
+
+
+def test_first_n_args_fixed_larger_than_number_of_arguments():
+    op = jaxbind.get_linear_call(ident, ident, same_shape, same_shape, first_n_args_fixed=2)
+    with pytest.raises(TypeError, match=r"op 'ident' has first_n_args_fixed=2.*called with 2"):
+        op(jnp.ones(2), jnp.ones(2))
+    nonlinear = jaxbind.get_nonlinear_call(ident, (ident, ident), same_shape, same_shape,
+                                           first_n_args_fixed=3)
+    with pytest.raises(TypeError, match=r"op 'ident' has first_n_args_fixed=3.*only 1"):
+        nonlinear(jnp.ones(2))
+
+
+def test_wrong_number_of_arguments_for_abstract():
+    def one_input(x, **kwargs):
+        return ((x.shape, x.dtype),)
+
+    op = jaxbind.get_linear_call(ident, ident, one_input, one_input)
+    with pytest.raises(TypeError, match=r"op 'ident' was called with 2 array argument\(s\).*number of arguments"):
+        op(jnp.ones(2), jnp.ones(2))
+
+
+def test_non_array_arguments():
+    op = jaxbind.get_linear_call(ident, ident, same_shape, same_shape)
+    for bad in ("text", [1.0, 2.0], None, {"a": 1}):
+        with pytest.raises(TypeError, match=r"op 'ident': argument 0 is a .*must be arrays"):
+            op(bad)
+
+
+@pytest.mark.parametrize(
+    "returned, why",
+    [
+        (((2,), np.float64), "single pair; wrap it"),
+        (None, "got a NoneType"),
+        ([((2,), np.float64, 0, 1)], "entry 0 is not a"),
+        ([("two", np.float64)], "entry 0 has no valid shape"),
+        ([((2,), "not-a-dtype")], "entry 0 has no valid shape"),
+        ([((-1,), np.float64)], "negative dimension"),
+    ],
+)
+def test_abstract_returning_the_wrong_structure(returned, why):
+    op = jaxbind.get_linear_call(ident, ident, lambda *a, **k: returned, same_shape)
+    with pytest.raises(TypeError, match=r"op 'ident'.*abstract function must return.*" + why):
+        op(jnp.ones(2))
+
+
+def test_abstract_declaring_fewer_outputs_than_the_callback_writes():
+    def two_outputs(out, args, kwargs_dump):
+        out[0][...] = args[0]
+        out[1][...] = 2 * args[0]
+
+    op = jaxbind.get_linear_call(two_outputs, two_outputs, same_shape, same_shape)
+    with pytest.raises(RuntimeError, match=r"op 'two_outputs'.*IndexError: tuple index out of range"):
+        jax.block_until_ready(op(jnp.arange(2.0)))
+
+
+def test_abstract_raising():
+    def picky(x, **kwargs):
+        raise ValueError("only 3-vectors, please")
+
+    op = jaxbind.get_linear_call(ident, ident, picky, picky)
+    with pytest.raises(jaxbind.JaxbindError, match=r"op 'ident'.*abstract function raised ValueError: only 3-vectors") as info:
+        op(jnp.ones(2))
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_unsupported_dtype():
+    op = jaxbind.get_linear_call(ident, ident, same_shape, same_shape)
+    with pytest.raises(TypeError, match=r"op 'ident': argument 0 has dtype int4"):
+        op(jnp.ones(2, jnp.int4))
+
+
+def test_unpicklable_kwarg():
+    op = jaxbind.get_linear_call(ident, ident, same_shape, same_shape)
+    with pytest.raises(TypeError, match=r"op 'ident': keyword argument 'lock' cannot be pickled"):
+        op(jnp.ones(2), lock=threading.Lock(), n=3)
+
+
+def test_traced_kwarg():
+    op = jaxbind.get_linear_call(ident, ident, same_shape, same_shape)
+    with pytest.raises(TypeError, match=r"op 'ident': keyword argument 'scale' is a traced JAX value.*positional"):
+        jax.jit(lambda x, s: op(x, scale=s)[0])(jnp.ones(2), 2.0)
+
+
+def test_batch_axes_kwarg_is_reserved():
+    op = jaxbind.get_linear_call(ident, ident, same_shape, same_shape, func_can_batch=True)
+    with pytest.raises(TypeError, match=r"op 'ident': 'batch_axes' is reserved"):
+        op(jnp.ones(2), batch_axes=((0,),))
+
+
+def test_can_batch_abstract_without_output_axis():
+    op = jaxbind.get_linear_call(ident, ident, same_shape, same_shape, func_can_batch=True)
+    np.testing.assert_allclose(op(jnp.arange(2.0))[0], np.arange(2.0))  # fine unbatched
+    with pytest.raises(TypeError, match=r"op 'ident'.*needs a valid output batch axis"):
+        jax.vmap(lambda x: op(x)[0])(jnp.ones((3, 2)))
+
+
+def test_load_kwargs_round_trip_from_bytes_and_arrays():
+    dump = pickle.dumps({"a": 1, "b": [1, 2]})
+    assert jaxbind.load_kwargs(dump) == {"a": 1, "b": [1, 2]}
+    assert jaxbind.load_kwargs(np.frombuffer(dump, dtype=np.uint8)) == {"a": 1, "b": [1, 2]}

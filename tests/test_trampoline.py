@@ -1,0 +1,293 @@
+"""The compiled trampoline: dtypes, array views, call-site ids, errors from callbacks, threads."""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbind
+from jaxbind import _primitive
+
+ALL_DTYPES = [
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+]
+
+
+def same_shape(*args, **kwargs):
+    return tuple((a.shape, a.dtype) for a in args)
+
+
+def copy_into(out, args, kwargs_dump):
+    for o, a in zip(out, args):
+        o[...] = a
+
+
+copy_op = jaxbind.get_linear_call(copy_into, copy_into, same_shape, same_shape)
+
+
+def sample(dtype, shape, seed=0):
+    rng = np.random.default_rng(seed)
+    dtype = jnp.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) > 0.5
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return rng.integers(max(info.min, -100), min(info.max, 100), shape).astype(dtype)
+    if np.issubdtype(dtype, np.complexfloating):
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_every_dtype_reaches_the_callback_and_back(dtype):
+    seen = {}
+
+    def negate_or_flip(out, args, kwargs_dump):
+        seen["dtype"] = args[0].dtype
+        seen["shape"] = args[0].shape
+        if args[0].dtype == np.bool_:
+            np.logical_not(args[0], out=out[0])
+        else:
+            out[0][...] = args[0] * 3
+
+    op = jaxbind.get_linear_call(negate_or_flip, negate_or_flip, same_shape, same_shape)
+    x = sample(dtype, (3, 4))
+    y = np.asarray(jax.jit(op)(jnp.asarray(x))[0])
+    expected = np.logical_not(x) if x.dtype == np.bool_ else (x * 3).astype(x.dtype)
+    assert y.dtype == jnp.dtype(dtype)
+    assert seen == {"dtype": jnp.dtype(dtype), "shape": (3, 4)}
+    np.testing.assert_array_equal(y.astype(np.float64) if dtype == "bfloat16" else y,
+                                  expected.astype(np.float64) if dtype == "bfloat16" else expected)
+
+
+def test_mixed_dtypes_many_inputs_and_outputs():
+    def stats(out, args, kwargs_dump):
+        ints, reals, flags = args
+        out[0][...] = ints.sum()
+        out[1][...] = reals * flags
+        out[2][...] = reals.astype(np.complex64) * 1j
+
+    def stats_abstract(ints, reals, flags, **kwargs):
+        return (((), ints.dtype), (reals.shape, reals.dtype), (reals.shape, np.complex64))
+
+    op = jaxbind.get_nonlinear_call(stats, (stats, stats), stats_abstract, stats_abstract,
+                                    first_n_args_fixed=3)
+    ints = np.arange(5, dtype=np.int32)
+    reals = np.linspace(0, 1, 4, dtype=np.float32)
+    flags = np.array([True, False, True, True])
+    total, masked, imag = jax.jit(op)(ints, reals, flags)
+    assert total.dtype == np.int32 and int(total) == 10
+    np.testing.assert_array_equal(masked, reals * flags)
+    np.testing.assert_array_equal(imag, reals.astype(np.complex64) * 1j)
+
+
+def test_inputs_are_read_only_views_and_outputs_writable():
+    report = {}
+
+    def inspect_views(out, args, kwargs_dump):
+        report["in_writeable"] = args[0].flags.writeable
+        report["out_writeable"] = out[0].flags.writeable
+        report["in_contiguous"] = args[0].flags.c_contiguous
+        report["owns"] = args[0].flags.owndata or out[0].flags.owndata
+        try:
+            args[0][0] = 0.0
+        except ValueError as err:
+            report["write_error"] = str(err)
+        out[0][...] = args[0]
+
+    op = jaxbind.get_linear_call(inspect_views, inspect_views, same_shape, same_shape)
+    x = jnp.arange(4.0)
+    np.testing.assert_array_equal(jax.jit(op)(x)[0], x)
+    assert report["in_writeable"] is False and report["out_writeable"] is True
+    assert report["in_contiguous"] and not report["owns"]
+    assert "read-only" in report["write_error"]
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (1,)])
+def test_zero_dim_and_zero_size_arrays(shape):
+    calls = []
+
+    def double(out, args, kwargs_dump):
+        calls.append(args[0].shape)
+        np.multiply(args[0], 2, out=out[0])
+
+    op = jaxbind.get_linear_call(double, double, same_shape, same_shape)
+    x = sample("float64", shape, seed=3)
+    y = jax.jit(op)(jnp.asarray(x))[0]
+    assert y.shape == shape
+    np.testing.assert_allclose(y, 2 * x)
+    # XLA may fold away a call whose outputs are empty; otherwise it runs once.
+    assert calls == [shape] or (x.size == 0 and calls == [])
+
+
+def test_kwargs_reach_callback_and_abstract():
+    received = {}
+
+    def shift(out, args, kwargs_dump):
+        kw = jaxbind.load_kwargs(kwargs_dump)
+        received.update(kw)
+        out[0][...] = args[0] * kw["factor"] + np.asarray(kw["offsets"]).sum()
+
+    def shift_abstract(x, *, factor, offsets, label):
+        assert label == "tag"
+        return ((x.shape, x.dtype),)
+
+    op = jaxbind.get_linear_call(shift, shift, shift_abstract, shift_abstract)
+    x = jnp.arange(3.0)
+    offsets = np.array([1.0, 2.0])
+    y = jax.jit(lambda x: op(x, factor=2.0, offsets=offsets, label="tag")[0])(x)
+    np.testing.assert_allclose(y, 2 * np.arange(3.0) + 3.0)
+    assert received["factor"] == 2.0 and received["label"] == "tag"
+    np.testing.assert_array_equal(received["offsets"], offsets)
+
+
+def test_repeated_kwargs_values_do_not_recompile():
+    traces = []
+
+    def scale(out, args, kwargs_dump):
+        out[0][...] = args[0] * jaxbind.load_kwargs(kwargs_dump)["factors"][0]
+
+    def scale_abstract(x, **kwargs):
+        traces.append(1)
+        return ((x.shape, x.dtype),)
+
+    op = jaxbind.get_linear_call(scale, scale, scale_abstract, scale_abstract)
+    x = jnp.ones(3)
+    sites_before = len(_primitive._sites)
+    for _ in range(3):
+        np.testing.assert_allclose(op(x, factors=[2.0, 5.0])[0], 2 * np.ones(3))
+    np.testing.assert_allclose(op(x, factors=np.array([4.0]))[0], 4 * np.ones(3))
+    np.testing.assert_allclose(op(x, factors=np.array([4.0]))[0], 4 * np.ones(3))
+    # one trace and one call site per distinct value, none for repeats
+    assert len(traces) == 2
+    assert len(_primitive._sites) == sites_before + 2
+
+
+def test_equal_ops_share_compiled_code():
+    traces = []
+
+    def triple(out, args, kwargs_dump):
+        out[0][...] = 3 * args[0]
+
+    def abstract(x, **kwargs):
+        traces.append(1)
+        return ((x.shape, x.dtype),)
+
+    op1 = jaxbind.get_linear_call(triple, triple, abstract, abstract)
+    op2 = jaxbind.get_linear_call(triple, triple, abstract, abstract)
+    assert op1 == op2 and hash(op1) == hash(op2) and op1 is not op2
+    other = jaxbind.get_linear_call(triple, triple, abstract, abstract, first_n_args_fixed=0,
+                                    func_can_batch=True)
+    assert op1 != other
+    x = jnp.arange(4.0)
+    np.testing.assert_allclose(op1(x)[0], 3 * x)
+    np.testing.assert_allclose(op2(x)[0], 3 * x)
+    assert len(traces) == 1
+
+
+def test_callback_exception_names_op_and_process_survives():
+    def fragile(out, args, kwargs_dump):
+        if args[0][0] < 0:
+            raise ZeroDivisionError("negative input is not allowed here")
+        out[0][...] = args[0]
+
+    op = jaxbind.get_linear_call(fragile, fragile, same_shape, same_shape)
+    f = jax.jit(lambda x: op(x)[0])
+    with pytest.raises(RuntimeError) as info:
+        jax.block_until_ready(f(-jnp.ones(3)))
+    message = str(info.value)
+    assert "fragile" in message and "ZeroDivisionError" in message
+    assert "negative input is not allowed here" in message
+    np.testing.assert_allclose(f(jnp.ones(3)), np.ones(3))  # the next call works
+
+
+def test_transpose_callback_error_names_the_transpose():
+    def fwd(out, args, kwargs_dump):
+        out[0][...] = args[0]
+
+    def broken_T(out, args, kwargs_dump):
+        raise KeyError("missing table")
+
+    op = jaxbind.get_linear_call(fwd, broken_T, same_shape, same_shape)
+    with pytest.raises(RuntimeError, match=r"op 'fwd' \(transpose callback 'broken_T'\).*KeyError"):
+        jax.block_until_ready(jax.grad(lambda x: op(x)[0].sum())(jnp.ones(2)))
+
+
+def test_callback_returning_a_value_is_an_error():
+    def returns(out, args, kwargs_dump):
+        return args[0] * 2
+
+    op = jaxbind.get_linear_call(returns, returns, same_shape, same_shape)
+    with pytest.raises(RuntimeError, match=r"op 'returns'.*must return None.*out\[0\]\[\.\.\.\]"):
+        jax.block_until_ready(op(jnp.ones(2))[0])
+
+
+def test_callback_keeping_a_view_is_an_error():
+    kept = []
+
+    def hoard(out, args, kwargs_dump):
+        kept.append(args[0][1:])
+        out[0][...] = 0
+
+    op = jaxbind.get_linear_call(hoard, hoard, same_shape, same_shape)
+    with pytest.raises(RuntimeError, match=r"op 'hoard'.*kept a reference"):
+        jax.block_until_ready(op(jnp.ones(3))[0])
+    kept.clear()
+
+
+def test_unknown_call_site_is_an_error_not_a_crash():
+    call = jax.ffi.ffi_call(_primitive.TARGET, jax.ShapeDtypeStruct((2,), jnp.float32))
+    for bogus in (10**9, -1):
+        with pytest.raises(Exception, match="not registered"):
+            jax.block_until_ready(jax.jit(lambda x: call(x, site=np.int64(bogus)))(jnp.ones(2, jnp.float32)))
+
+
+def test_concurrent_calls_from_python_threads():
+    def square(out, args, kwargs_dump):
+        np.square(args[0], out=out[0])
+
+    op = jaxbind.get_nonlinear_call(square, (square, square), same_shape, same_shape)
+    f = jax.jit(lambda x: op(x)[0])
+    f(jnp.ones(3))
+    errors = []
+
+    def worker(seed):
+        try:
+            for i in range(50):
+                x = jnp.full(3, float(seed + i))
+                np.testing.assert_allclose(f(x), np.full(3, float(seed + i) ** 2))
+        except Exception as err:  # reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(100 * t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_call_on_xla_worker_thread():
+    # A program with independent work that XLA schedules on its own threads.
+    threads = set()
+
+    def add_one(out, args, kwargs_dump):
+        threads.add(threading.get_ident())
+        out[0][...] = args[0] + 1
+
+    op = jaxbind.get_nonlinear_call(add_one, (add_one, add_one), same_shape, same_shape)
+
+    @jax.jit
+    def program(x, big):
+        loop = jax.lax.fori_loop(0, 20, lambda i, v: op(v)[0], x)
+        return loop, jnp.sum(jnp.sin(big))
+
+    big = jnp.linspace(0, 1, 1 << 16)
+    loop, total = program(jnp.zeros(4), big)
+    np.testing.assert_allclose(loop, np.full(4, 20.0))
+    np.testing.assert_allclose(total, np.sin(np.linspace(0, 1, 1 << 16)).sum(), rtol=1e-6)
+    # the point of the test: the callback ran on a thread Python did not start
+    assert threads and threading.main_thread().ident not in threads
