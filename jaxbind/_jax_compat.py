@@ -10,4 +10,9 @@ try:  # the eager implementation of a primitive: compile it alone and run it
 except ImportError:  # pragma: no cover - older layouts
     from jax.interpreters.xla import apply_primitive  # type: ignore[attr-defined,no-redef]
 
-__all__ = ["Primitive", "ad", "apply_primitive", "batching", "mlir"]
+import jax
+
+# The abstract value of an array or tracer: jax.typeof from 0.6 on.
+get_aval = getattr(jax, "typeof", None) or jax.core.get_aval
+
+__all__ = ["Primitive", "ad", "apply_primitive", "batching", "get_aval", "mlir"]

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _trampoline
 from ._definition import JaxbindError, Role
-from ._jax_compat import Primitive, ad, apply_primitive, batching, mlir
+from ._jax_compat import Primitive, ad, apply_primitive, batching, get_aval, mlir
 from ._kwargs import Kwargs
 
 # ---------------------------------------------------------------------------
@@ -238,7 +238,7 @@ def _instantiate(t):
 
 
 def _zero_tangents(outs):
-    return [ad.Zero(jax.core.get_aval(o).to_tangent_aval()) for o in outs]
+    return [ad.Zero(get_aval(o).to_tangent_aval()) for o in outs]
 
 
 def _jvp_rule(primals, tangents, *, role: Role, kwargs: Kwargs, batch: Batch):
@@ -327,6 +327,9 @@ def _transpose_rule(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
         )
     else:
         new_batch = None
+    declared = _abstract_eval(*map(get_aval, new_args), role=new_role, kwargs=kwargs, batch=new_batch)
+    for i, aval in zip(range(start, stop), declared):
+        _check_cotangent_shape(new_role, aval, args[i].aval, i, batch)
     results = bind(new_args, new_role, kwargs, new_batch)
     if isinstance(batch, WalkBatch):
         # Levels at which an argument was not mapped were broadcast over: its
@@ -338,8 +341,34 @@ def _transpose_rule(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
     out = [None] * len(args)
     for i in range(start, stop):
         if ad.is_undefined_primal(args[i]):
-            out[i] = results[i - start]
+            out[i] = _as_cotangent(results[i - start], args[i].aval, new_role, i)
     return out
+
+
+def _check_cotangent_shape(role: Role, declared, primal, index: int, batch: Batch):
+    got, want = declared.shape, primal.shape
+    if isinstance(batch, WalkBatch):  # compare without the batch levels
+        got, want = got[batch.levels:], want[sum(batch.masks[index]):]
+    if got != want:
+        raise ValueError(
+            f"jaxbind {role.label}: its abstract declares shape {got} for the cotangent of "
+            f"argument {index}, but that argument has shape {want}. A transpose must return "
+            "one array per linear argument, with that argument's shape."
+        )
+
+
+def _as_cotangent(result, aval, role: Role, index: int):
+    """Match a transpose's result to the dtype of the primal it is the cotangent of.
+
+    A transpose callback sees only cotangents, so its abstract cannot know the
+    primal's dtype: a real primal of a complex-valued map gets the real part,
+    other dtypes are converted, as JAX does for its own casts.
+    """
+    if result.dtype == aval.dtype:
+        return result
+    if jnp.iscomplexobj(result) and not jnp.issubdtype(aval.dtype, jnp.complexfloating):
+        result = jnp.real(result)
+    return result.astype(aval.dtype)
 
 
 ad.primitive_jvps[jaxbind_p] = _jvp_rule

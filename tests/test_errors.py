@@ -146,3 +146,18 @@ def test_load_kwargs_round_trip_from_bytes_and_arrays():
     dump = pickle.dumps({"a": 1, "b": [1, 2]})
     assert jaxbind.load_kwargs(dump) == {"a": 1, "b": [1, 2]}
     assert jaxbind.load_kwargs(np.frombuffer(dump, dtype=np.uint8)) == {"a": 1, "b": [1, 2]}
+
+
+def test_transpose_declaring_the_wrong_cotangent_shape():
+    def rotate(out, args, kwargs_dump):
+        out[0][...] = (1 + 2j) * args[0]
+
+    def forward_abstract(x, **kwargs):
+        return ((x.shape, np.complex128),)
+
+    def wrong_T_abstract(ct, **kwargs):
+        return (((7,), np.complex128),)
+
+    op = jaxbind.get_linear_call(rotate, rotate, forward_abstract, wrong_T_abstract)
+    with pytest.raises(ValueError, match=r"op 'rotate' \(transpose callback 'rotate'\).*shape \(7,\).*shape \(3,\)"):
+        jax.grad(lambda v: jnp.sum(jnp.imag(op(v)[0])))(jnp.ones(3))
