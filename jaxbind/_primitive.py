@@ -52,11 +52,15 @@ class NativeBatch:
     """Batched by the callback itself (``func_can_batch``).
 
     ``in_axes[i]`` are the batch axes of input ``i`` (the ``batch_axes`` the
-    callback sees); ``out_axes[j]`` those of output ``j``, one per level.
+    callback sees), one per level, oldest level first, or ``()`` for an input
+    mapped at no level: an input is mapped at every level or at none.
+    ``out_axes[j]`` are those of output ``j`` (always one per level) and
+    ``sizes`` the size of each level.
     """
 
     in_axes: Tuple[Tuple[int, ...], ...]
     out_axes: Tuple[Tuple[int, ...], ...]
+    sizes: Tuple[int, ...]
 
 
 Batch = Optional[Union[WalkBatch, NativeBatch]]
@@ -262,21 +266,21 @@ def _jvp_rule(primals, tangents, *, role: Role, kwargs: Kwargs, batch: Batch):
         # The derivative family of a nonlinear op: f_jvp(*primals, *tangents).
         n, n_fixed = len(primals), role.n_fixed
         jvp_role = Role(role.op, family=1, slot=1, n_fixed=n, in_sizes=(n - n_fixed,))
-        dtangents = [_instantiate(t) for t in tangents[n_fixed:]]
-        tangent_out = bind([*primals, *dtangents], jvp_role, kwargs,
-                           _extend_batch(batch, n_fixed, n))
+        args = [*primals, *[_instantiate(t) for t in tangents[n_fixed:]]]
+        if isinstance(batch, NativeBatch):
+            # Tangents are batched like their primals; the output tangents go
+            # where f's outputs are.
+            in_axes = batch.in_axes + batch.in_axes[n_fixed:]
+            out_axes, _ = _native_out_layout(jvp_role, args, in_axes, kwargs)
+            tangent_out = bind(args, jvp_role, kwargs, NativeBatch(in_axes, out_axes, batch.sizes))
+            tangent_out = [_move_levels(t, src, dst)
+                           for t, src, dst in zip(tangent_out, out_axes, batch.out_axes)]
+        else:
+            walk = WalkBatch(batch.masks + batch.masks[n_fixed:]) if batch is not None else None
+            tangent_out = bind(args, jvp_role, kwargs, walk)
     if tangent_out is None:
         tangent_out = _zero_tangents(outs)
     return outs, tangent_out
-
-
-def _extend_batch(batch: Batch, n_fixed: int, n: int) -> Batch:
-    """Batch of ``f_jvp(*primals, *tangents)``: tangents batch like their primals."""
-    if isinstance(batch, WalkBatch):
-        return WalkBatch(batch.masks + batch.masks[n_fixed:n])
-    if isinstance(batch, NativeBatch):
-        return NativeBatch(batch.in_axes + batch.in_axes[n_fixed:n], batch.out_axes)
-    return None
 
 
 def _regroup(role: Role, new_slot: int, fixed, inputs, outputs):
@@ -316,20 +320,35 @@ def _transpose_rule(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
     n_fixed = role.n_fixed
     new_role = role.with_slot(slot, len(cts))
     new_args = _regroup(role, slot, args[:n_fixed], args[n_fixed:], cts)
+    structs = _structs(map(get_aval, new_args))
+    moves = []  # (result batch axes, primal batch axes), native batching
     if isinstance(batch, WalkBatch):
         full = (True,) * batch.levels
         new_batch = WalkBatch(tuple(_regroup(
             role, slot, batch.masks[:n_fixed], batch.masks[n_fixed:], [full] * len(cts))))
+        declared = [s.shape for s in _abstract_eval(*structs, role=new_role, kwargs=kwargs, batch=new_batch)]
+        declared = [shape[batch.levels:] for shape in declared]
+        primal = [args[i].aval.shape[sum(batch.masks[i]):] for i in range(start, stop)]
     elif isinstance(batch, NativeBatch):
-        new_batch = NativeBatch(
-            tuple(_regroup(role, slot, batch.in_axes[:n_fixed], batch.in_axes[n_fixed:], batch.out_axes)),
-            batch.in_axes[start:stop],
-        )
+        # The callback lays out its outputs as its abstract says; they are
+        # moved into the layout of the primals they are cotangents of.
+        in_axes = tuple(_regroup(role, slot, batch.in_axes[:n_fixed], batch.in_axes[n_fixed:], batch.out_axes))
+        out_axes, outs = _native_out_layout(new_role, new_args, in_axes, kwargs)
+        new_batch = NativeBatch(in_axes, out_axes, batch.sizes)
+        moves = list(zip(out_axes, batch.in_axes[start:stop]))
+        declared = [_moved_shape(shape, src, dst) for (shape, _, _), (src, dst) in zip(outs, moves)]
+        primal = [args[i].aval.shape for i in range(start, stop)]
     else:
         new_batch = None
-    declared = _abstract_eval(*map(get_aval, new_args), role=new_role, kwargs=kwargs, batch=new_batch)
-    for i, aval in zip(range(start, stop), declared):
-        _check_cotangent_shape(new_role, aval, args[i].aval, i, batch)
+        declared = [shape for shape, _, _ in call_abstract(new_role, structs, kwargs)]
+        primal = [args[i].aval.shape for i in range(start, stop)]
+    for i, got, want in zip(range(start, stop), declared, primal):
+        if got != want:
+            raise ValueError(
+                f"jaxbind {new_role.label}: its abstract declares shape {got} for the cotangent of "
+                f"argument {i}, but that argument has shape {want}. A transpose must return "
+                "one array per linear argument, with that argument's shape."
+            )
     results = bind(new_args, new_role, kwargs, new_batch)
     if isinstance(batch, WalkBatch):
         # Levels at which an argument was not mapped were broadcast over: its
@@ -338,23 +357,12 @@ def _transpose_rule(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
             r if all(mask) else jnp.sum(r, axis=tuple(l for l, m in enumerate(mask) if not m))
             for r, mask in zip(results, batch.masks[start:stop])
         ]
+    results = [_move_levels(r, src, dst) for r, (src, dst) in zip(results, moves)] or results
     out = [None] * len(args)
     for i in range(start, stop):
         if ad.is_undefined_primal(args[i]):
             out[i] = _as_cotangent(results[i - start], args[i].aval, new_role, i)
     return out
-
-
-def _check_cotangent_shape(role: Role, declared, primal, index: int, batch: Batch):
-    got, want = declared.shape, primal.shape
-    if isinstance(batch, WalkBatch):  # compare without the batch levels
-        got, want = got[batch.levels:], want[sum(batch.masks[index]):]
-    if got != want:
-        raise ValueError(
-            f"jaxbind {role.label}: its abstract declares shape {got} for the cotangent of "
-            f"argument {index}, but that argument has shape {want}. A transpose must return "
-            "one array per linear argument, with that argument's shape."
-        )
 
 
 def _as_cotangent(result, aval, role: Role, index: int):
@@ -402,23 +410,64 @@ def _shift(axes, new_axis):
 
 def _batch_native(args, dims, role: Role, kwargs: Kwargs, batch: Batch):
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+    sizes = batch.sizes if batch is not None else ()
     old_in = batch.in_axes if batch is not None else ((),) * len(args)
     new_args, in_axes = [], []
     for i, (x, d, axes) in enumerate(zip(args, dims, old_in)):
-        if d is None and i >= role.n_fixed:
-            # Differentiable inputs are batched at every level so that
-            # transposes produce cotangents at every level.
+        if d is None and (axes or i >= role.n_fixed):
+            # Keep every input mapped at all levels or at none, so that
+            # batch_axes is unambiguous; and differentiable inputs at all
+            # levels, so that transposes produce cotangents at every level.
             x, d = jnp.broadcast_to(x[None], (size,) + x.shape), 0
+        elif d is not None and sizes and not axes:
+            # Mapped now but at no older level: broadcast over the older ones.
+            x, d = jnp.broadcast_to(x, sizes + x.shape), d + len(sizes)
+            axes = tuple(range(len(sizes)))
         new_args.append(x)
         in_axes.append(axes if d is None else _shift(axes, d))
     in_axes = tuple(in_axes)
-    structs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in new_args]
+    structs = _structs(map(get_aval, new_args))
     outs_abstract = call_abstract(role, structs, kwargs, batch_axes=in_axes, want_axis=True)
     out_new = [axis for _, _, axis in outs_abstract]
     old_out = batch.out_axes if batch is not None else ((),) * len(out_new)
     out_axes = tuple(_shift(axes, a) for axes, a in zip(old_out, out_new))
-    outs = bind(new_args, role, kwargs, NativeBatch(in_axes, out_axes))
+    outs = bind(new_args, role, kwargs, NativeBatch(in_axes, out_axes, sizes + (size,)))
     return outs, out_new
+
+
+def _peel(axes, shape):
+    """Drop the newest batch level from an array's batch axes and shape."""
+    if not axes:
+        return axes, shape
+    last = axes[-1]
+    return tuple(a - 1 if a > last else a for a in axes[:-1]), shape[:last] + shape[last + 1:]
+
+
+def _native_out_layout(role: Role, args, in_axes, kwargs: Kwargs):
+    """Output batch axes of a natively batched role that was never batched itself.
+
+    Its abstract tells where each level's output axis goes given the older
+    levels, so replay the levels one at a time, oldest first, as vmap would
+    have. Returns the output axes and the abstract's entries at all levels.
+    """
+    layouts = [(in_axes, tuple(get_aval(a).shape for a in args))]
+    while any(layouts[-1][0]):
+        layouts.append(tuple(zip(*map(_peel, *layouts[-1]))))
+    dtypes = [get_aval(a).dtype for a in args]
+    out_axes = None
+    for axes, shapes in reversed(layouts[:-1]):
+        structs = [jax.ShapeDtypeStruct(shape, dt) for shape, dt in zip(shapes, dtypes)]
+        outs = call_abstract(role, structs, kwargs, batch_axes=tuple(axes), want_axis=True)
+        out_axes = [_shift(o, axis) for o, (_, _, axis) in zip(out_axes or [()] * len(outs), outs)]
+    return tuple(out_axes), outs
+
+
+def _moved_shape(shape, src, dst):
+    return np.moveaxis(np.broadcast_to(np.empty((), np.int8), shape), src, dst).shape
+
+
+def _move_levels(x, src, dst):
+    return x if tuple(src) == tuple(dst) else jnp.moveaxis(x, src, dst)
 
 
 batching.primitive_batchers[jaxbind_p] = _batch_rule
