@@ -226,8 +226,9 @@ def _not_differentiable(role: Role, index: int, verb: str):
         return ValueError(
             f"jaxbind op '{role.op.name}': second-order derivatives of a nonlinear op are not "
             f"supported (its jvp and vjp callbacks are not differentiable with respect to the "
-            f"primal point; {verb} argument {index} of {role.label} was requested). Use "
-            "forward-over-nothing: take only first-order derivatives of nonlinear ops."
+            f"primal point; {verb} argument {index} of {role.label} was requested). Take "
+            "first-order derivatives only, or bind the derivative itself as a jaxbind op with "
+            "its own jvp and vjp."
         )
     return ValueError(
         f"jaxbind {role.label}: argument {index} is one of the first_n_args_fixed="
