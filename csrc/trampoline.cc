@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "jaxbind.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
@@ -36,11 +37,27 @@ namespace {
 // Registry of call sites.
 // ---------------------------------------------------------------------------
 
+// A kwarg of a native kernel with the storage its pointers point into.
+struct NativeKwarg {
+  std::string name;
+  int64_t type = 0;
+  int64_t int_value = 0;
+  double float_value = 0.0;
+  std::string string_value;
+  std::vector<int64_t> int_array;
+  std::vector<double> float_array;
+};
+
 // One compiled custom call: a callable plus everything that is static about it.
 struct Site {
   std::string name;      // e.g. "op 'scale' (transpose callback 'scale_T')", for errors
-  PyObject* callable;    // strong reference, owned for the process lifetime
-  PyObject* kwargs_dump; // bytes, handed to every call unchanged
+  // A Python callback (strong references, owned for the process lifetime)...
+  PyObject* callable = nullptr;
+  PyObject* kwargs_dump = nullptr;  // bytes, handed to every call unchanged
+  // ...or a native kernel and its kwargs (pointers into native_storage).
+  jaxbind_kernel native = nullptr;
+  std::vector<NativeKwarg> native_storage;
+  std::vector<jaxbind_kwarg> native_kwargs;
   // Batch walk (empty when the callable sees the whole arrays):
   std::vector<int64_t> batch_shape;              // the mapped levels, outermost first
   std::vector<std::vector<int64_t>> in_strides;  // bytes per level, 0 = not mapped
@@ -262,44 +279,105 @@ bool CallOnce(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* re
   return ok;
 }
 
-ffi::Error RunPython(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets) {
-  const size_t n_in = args->size, n_out = rets->size;
-  if (!site.in_mapped.empty() && site.in_mapped.size() != n_in) {
-    return ErrorText(&site, "internal error: call site expects " +
-                                std::to_string(site.in_mapped.size()) + " inputs, got " +
-                                std::to_string(n_in));
+// A few values on the stack, more on the heap: the per-call path allocates
+// nothing for ops with up to 16 inputs and outputs.
+template <typename T>
+class SmallBuffer {
+ public:
+  explicit SmallBuffer(size_t n) : heap_(n > kInline ? n : 0) {
+    data_ = n > kInline ? heap_.data() : inline_;
+    for (size_t i = 0; i < n; ++i) data_[i] = T{};
   }
-  GilHold gil;
-  std::string misuse;
-  bool ok = true;
-  if (site.batch_shape.empty() && site.in_mapped.empty()) {
-    std::vector<int64_t> zeros(std::max(n_in, n_out), 0);
-    ok = CallOnce(site, args, rets, zeros.data(), zeros.data(), 0, &misuse);
-  } else {
-    // Walk the batch: one callback call per element, each on views at offsets.
-    const size_t levels = site.batch_shape.size();
-    int64_t total = 1;
-    for (int64_t b : site.batch_shape) total *= b;
-    std::vector<int64_t> index(levels, 0), in_off(n_in, 0), out_off(n_out, 0);
-    for (int64_t e = 0; ok && e < total; ++e) {
-      ok = CallOnce(site, args, rets, in_off.data(), out_off.data(),
-                    static_cast<int>(levels), &misuse);
-      // Advance the multi-index (innermost level fastest) and the offsets.
-      for (size_t l = levels; l-- > 0;) {
-        if (++index[l] < site.batch_shape[l]) {
-          for (size_t i = 0; i < n_in; ++i) in_off[i] += site.in_strides[i][l];
-          for (size_t i = 0; i < n_out; ++i) out_off[i] += site.out_strides[i][l];
-          break;
-        }
-        index[l] = 0;
-        for (size_t i = 0; i < n_in; ++i) in_off[i] -= site.in_strides[i][l] * (site.batch_shape[l] - 1);
-        for (size_t i = 0; i < n_out; ++i) out_off[i] -= site.out_strides[i][l] * (site.batch_shape[l] - 1);
+  T* data() { return data_; }
+  T& operator[](size_t i) { return data_[i]; }
+
+ private:
+  static constexpr size_t kInline = 16;
+  T inline_[kInline];
+  std::vector<T> heap_;
+  T* data_;
+};
+
+// Calls `call_once(in_offsets, out_offsets)` once, or once per batch element
+// with the byte offsets of that element in every buffer. Stops at a failure.
+template <typename CallOnce>
+bool WalkBatch(const Site& site, size_t n_in, size_t n_out, CallOnce&& call_once) {
+  SmallBuffer<int64_t> in_off(n_in), out_off(n_out);
+  const size_t levels = site.batch_shape.size();
+  if (levels == 0) return call_once(in_off.data(), out_off.data());
+  int64_t total = 1;
+  for (int64_t b : site.batch_shape) total *= b;
+  SmallBuffer<int64_t> index(levels);
+  for (int64_t e = 0; e < total; ++e) {
+    if (!call_once(in_off.data(), out_off.data())) return false;
+    // Advance the multi-index (innermost level fastest) and the offsets.
+    for (size_t l = levels; l-- > 0;) {
+      if (++index[l] < site.batch_shape[l]) {
+        for (size_t i = 0; i < n_in; ++i) in_off[i] += site.in_strides[i][l];
+        for (size_t i = 0; i < n_out; ++i) out_off[i] += site.out_strides[i][l];
+        break;
       }
+      index[l] = 0;
+      for (size_t i = 0; i < n_in; ++i) in_off[i] -= site.in_strides[i][l] * (site.batch_shape[l] - 1);
+      for (size_t i = 0; i < n_out; ++i) out_off[i] -= site.out_strides[i][l] * (site.batch_shape[l] - 1);
     }
   }
+  return true;
+}
+
+ffi::Error RunPython(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets) {
+  const int out_skip = static_cast<int>(site.batch_shape.size());
+  GilHold gil;
+  std::string misuse;
+  bool ok = WalkBatch(site, args->size, rets->size,
+                      [&](const int64_t* in_off, const int64_t* out_off) {
+                        return CallOnce(site, args, rets, in_off, out_off, out_skip, &misuse);
+                      });
   if (ok) return ffi::Error::Success();
   if (!misuse.empty()) return ErrorText(&site, misuse);
   return ErrorFromPython(site);
+}
+
+// Native kernels: descriptors on the stack, no Python, no GIL.
+ffi::Error RunNative(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets) {
+  const size_t n_in = args->size, n_out = rets->size;
+  const int out_skip = static_cast<int>(site.batch_shape.size());
+  SmallBuffer<jaxbind_array> in(n_in), out(n_out);
+  for (size_t i = 0; i < n_in; ++i) {
+    auto* buf = static_cast<XLA_FFI_Buffer*>(args->args[i]);
+    int skip = site.in_mapped.empty() ? 0 : site.in_mapped[i];
+    in[i] = jaxbind_array{nullptr, buf->dims + skip, buf->rank - skip, buf->dtype};
+  }
+  for (size_t i = 0; i < n_out; ++i) {
+    auto* buf = static_cast<XLA_FFI_Buffer*>(rets->rets[i]);
+    out[i] = jaxbind_array{nullptr, buf->dims + out_skip, buf->rank - out_skip, buf->dtype};
+  }
+  char error[2048];
+  error[0] = '\0';
+  jaxbind_call call{static_cast<int64_t>(sizeof(jaxbind_call)), JAXBIND_ABI_VERSION,
+                    static_cast<int64_t>(n_out), out.data(),
+                    static_cast<int64_t>(n_in), in.data(),
+                    static_cast<int64_t>(site.native_kwargs.size()), site.native_kwargs.data(),
+                    error, static_cast<int64_t>(sizeof(error))};
+  int code = 0;
+  bool ok = WalkBatch(site, n_in, n_out, [&](const int64_t* in_off, const int64_t* out_off) {
+    for (size_t i = 0; i < n_in; ++i) {
+      char* data = static_cast<char*>(static_cast<XLA_FFI_Buffer*>(args->args[i])->data);
+      in[i].data = data ? data + in_off[i] : g_empty_storage;
+    }
+    for (size_t i = 0; i < n_out; ++i) {
+      char* data = static_cast<char*>(static_cast<XLA_FFI_Buffer*>(rets->rets[i])->data);
+      out[i].data = data ? data + out_off[i] : g_empty_storage;
+    }
+    code = site.native(&call);
+    return code == 0;
+  });
+  if (ok) return ffi::Error::Success();
+  error[sizeof(error) - 1] = '\0';
+  std::string message = error[0] ? std::string(error)
+                                  : "the native kernel returned " + std::to_string(code) +
+                                        " without a message";
+  return ErrorText(&site, "native kernel failed: " + message);
 }
 
 // RemainingArgs/RemainingRets keep the raw frame protected; a member pointer
@@ -323,8 +401,15 @@ ffi::Error Dispatch(int64_t site_id, ffi::RemainingArgs args, ffi::RemainingRets
                           ", which is not registered in this process (was the "
                           "program compiled in another process?)");
   }
+  const XLA_FFI_Args* raw_args = RawFrame::Args(args);
+  const XLA_FFI_Rets* raw_rets = RawFrame::Rets(rets);
+  if (!site->in_mapped.empty() && site->in_mapped.size() != static_cast<size_t>(raw_args->size)) {
+    return ErrorText(site, "internal error: the call site was registered for " +
+                               std::to_string(site->in_mapped.size()) + " inputs");
+  }
+  if (site->native != nullptr) return RunNative(*site, raw_args, raw_rets);
   if (!Py_IsInitialized()) return ErrorText(site, "the Python interpreter is not running");
-  return RunPython(*site, RawFrame::Args(args), RawFrame::Rets(rets));
+  return RunPython(*site, raw_args, raw_rets);
 }
 
 }  // namespace
@@ -361,23 +446,75 @@ NB_MODULE(_trampoline, m) {
   m.def("register_site",
         [](std::string name, nb::handle callable, nb::bytes kwargs_dump,
            std::vector<int64_t> batch_shape, std::vector<std::vector<int64_t>> in_strides,
-           std::vector<int> in_mapped, std::vector<std::vector<int64_t>> out_strides) {
+           std::vector<int> in_mapped, std::vector<std::vector<int64_t>> out_strides,
+           uintptr_t native_address, nb::list native_kwargs) {
           auto site = std::make_unique<Site>();
           site->name = std::move(name);
-          Py_INCREF(callable.ptr());
-          site->callable = callable.ptr();
-          Py_INCREF(kwargs_dump.ptr());
-          site->kwargs_dump = kwargs_dump.ptr();
+          if (native_address != 0) {
+            site->native = reinterpret_cast<jaxbind_kernel>(native_address);
+            site->native_storage.resize(nb::len(native_kwargs));
+            size_t k = 0;
+            for (nb::handle item : native_kwargs) {
+              NativeKwarg& kw = site->native_storage[k++];
+              nb::tuple entry = nb::cast<nb::tuple>(item);
+              kw.name = nb::cast<std::string>(entry[0]);
+              kw.type = nb::cast<int64_t>(entry[1]);
+              switch (kw.type) {
+                case JAXBIND_KW_INT: case JAXBIND_KW_BOOL:
+                  kw.int_value = nb::cast<int64_t>(entry[2]); break;
+                case JAXBIND_KW_FLOAT: kw.float_value = nb::cast<double>(entry[2]); break;
+                case JAXBIND_KW_STRING: kw.string_value = nb::cast<std::string>(entry[2]); break;
+                case JAXBIND_KW_INT_ARRAY:
+                  kw.int_array = nb::cast<std::vector<int64_t>>(entry[2]); break;
+                case JAXBIND_KW_FLOAT_ARRAY:
+                  kw.float_array = nb::cast<std::vector<double>>(entry[2]); break;
+                default: throw nb::value_error("unknown native kwarg type");
+              }
+            }
+            // Point the C views at the storage, which no longer moves.
+            for (const NativeKwarg& kw : site->native_storage) {
+              jaxbind_kwarg view{};
+              view.name = kw.name.c_str();
+              view.type = kw.type;
+              view.size = 1;
+              view.int_value = kw.int_value;
+              view.float_value = kw.float_value;
+              if (kw.type == JAXBIND_KW_STRING) {
+                view.string_value = kw.string_value.c_str();
+                view.size = static_cast<int64_t>(kw.string_value.size());
+              } else if (kw.type == JAXBIND_KW_INT_ARRAY) {
+                view.int_array = kw.int_array.data();
+                view.size = static_cast<int64_t>(kw.int_array.size());
+              } else if (kw.type == JAXBIND_KW_FLOAT_ARRAY) {
+                view.float_array = kw.float_array.data();
+                view.size = static_cast<int64_t>(kw.float_array.size());
+              }
+              site->native_kwargs.push_back(view);
+            }
+          } else {
+            Py_INCREF(callable.ptr());
+            site->callable = callable.ptr();
+            Py_INCREF(kwargs_dump.ptr());
+            site->kwargs_dump = kwargs_dump.ptr();
+          }
           site->batch_shape = std::move(batch_shape);
           site->in_strides = std::move(in_strides);
           site->in_mapped = std::move(in_mapped);
           site->out_strides = std::move(out_strides);
           return PublishSite(std::move(site));
         },
-        nb::arg("name"), nb::arg("callable"), nb::arg("kwargs_dump"),
+        nb::arg("name"), nb::arg("callable").none(), nb::arg("kwargs_dump"),
         nb::arg("batch_shape"), nb::arg("in_strides"), nb::arg("in_mapped"),
-        nb::arg("out_strides"),
-        "Register a call site; returns the id the compiled program carries.");
+        nb::arg("out_strides"), nb::arg("native_address"), nb::arg("native_kwargs"),
+        "Register a call site (a Python callable, or a native kernel when "
+        "native_address is not 0); returns the id the compiled program carries.");
+
+  m.def("capsule_pointer", [](nb::handle capsule) {
+    if (!PyCapsule_CheckExact(capsule.ptr())) throw nb::type_error("not a PyCapsule");
+    void* ptr = PyCapsule_GetPointer(capsule.ptr(), PyCapsule_GetName(capsule.ptr()));
+    if (ptr == nullptr) throw nb::python_error();
+    return reinterpret_cast<uintptr_t>(ptr);
+  }, "The pointer a PyCapsule holds, whatever its name.");
 
   m.def("num_sites", []() { return g_num_sites.load(); }, "Number of registered call sites.");
 }

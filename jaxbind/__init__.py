@@ -12,6 +12,10 @@ except ImportError as _err:  # pragma: no cover - depends on how jaxbind was imp
 from ._api import Op, get_linear_call, get_nonlinear_call
 from ._definition import JaxbindError
 from ._kwargs import load_kwargs
+from ._native import NativeKernel, get_include, native
 
-__all__ = ["JaxbindError", "Op", "get_linear_call", "get_nonlinear_call", "load_kwargs"]
+__all__ = [
+    "JaxbindError", "NativeKernel", "Op", "get_include", "get_linear_call", "get_nonlinear_call",
+    "load_kwargs", "native",
+]
 __version__ = "0.1.0"

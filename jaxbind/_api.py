@@ -10,6 +10,7 @@ import numpy as np
 
 from ._definition import FORWARD, Family, OpDef, Role, _name_of
 from ._kwargs import Kwargs
+from ._native import as_kernel, kernel_kwargs
 from ._primitive import bind
 
 __all__ = ["Op", "get_linear_call", "get_nonlinear_call"]
@@ -64,6 +65,9 @@ class Op:
                 f"jaxbind op '{d.name}': 'batch_axes' is reserved for ops with func_can_batch=True; "
                 "jaxbind passes it to the callbacks itself."
             )
+        kwargs = Kwargs(kwargs, d.name)
+        if d.has_native:
+            kernel_kwargs(kwargs.values, f"op '{d.name}'")  # refuses what a kernel cannot take
         if d.kind == "linear":
             role = Role(d, 0, slot=1, n_fixed=d.first_n_args_fixed, in_sizes=(n - d.first_n_args_fixed,))
         elif d.kind == "multilinear":
@@ -71,7 +75,7 @@ class Op:
                         in_sizes=(1,) * d.n_linear_args)
         else:
             role = Role(d, 0, slot=0, n_fixed=d.first_n_args_fixed, in_sizes=())
-        return bind(args, role, Kwargs(kwargs, d.name))
+        return bind(args, role, kwargs)
 
     def __eq__(self, other):
         return isinstance(other, Op) and self.definition == other.definition
@@ -84,6 +88,19 @@ class Op:
 
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, numbers.Number)
+
+
+def _callback(value, what: str, name: str):
+    """A callback as given: a Python callable, or a native kernel in any of its forms."""
+    kernel = as_kernel(value, what, name)
+    if kernel is not None:
+        return kernel
+    if not callable(value):
+        raise TypeError(
+            f"jaxbind op '{name}': {what} must be a Python callable or a native kernel (a ctypes "
+            f"function, a numba cfunc, a PyCapsule or jaxbind.native(address)), got {type(value).__name__}."
+        )
+    return value
 
 
 def _check_callable(value, what: str, name: str):
@@ -138,8 +155,8 @@ def get_linear_call(
     Returns:
       The op: ``op(*args, **kwargs)`` returns the list of outputs.
     """
+    f = _callback(f, "f", _name_of(f))
     name = _name_of(f)
-    _check_callable(f, "f", name)
     _check_callable(abstract, "abstract", name)
     first_n_args_fixed, func_can_batch = _check_flags(name, first_n_args_fixed, func_can_batch)
     if isinstance(f_T, (tuple, list)):
@@ -150,8 +167,8 @@ def get_linear_call(
             )
         if not f_T:
             raise ValueError(f"jaxbind op '{name}': f_T is an empty tuple; give one transpose per linear argument.")
-        for i, (t, a) in enumerate(zip(f_T, abstract_T)):
-            _check_callable(t, f"f_T[{i}]", name)
+        f_T = tuple(_callback(t, f"f_T[{i}]", name) for i, t in enumerate(f_T))
+        for i, a in enumerate(abstract_T):
             _check_callable(a, f"abstract_T[{i}]", name)
         family = Family(
             callbacks=tuple(f_T) + (f,),
@@ -166,7 +183,7 @@ def get_linear_call(
                 f"jaxbind op '{name}': abstract_T is a tuple but f_T is a single function; "
                 "pass tuples for both (a multilinear op) or single functions for both."
             )
-        _check_callable(f_T, "f_T", name)
+        f_T = _callback(f_T, "f_T", name)
         _check_callable(abstract_T, "abstract_T", name)
         family = Family(
             callbacks=(f_T, f), abstracts=(abstract_T, abstract),
@@ -205,8 +222,8 @@ def get_nonlinear_call(
       The op: ``op(*args, **kwargs)`` returns the list of outputs. Derivatives
       are first order only.
     """
+    f = _callback(f, "f", _name_of(f))
     name = _name_of(f)
-    _check_callable(f, "f", name)
     _check_callable(abstract, "abstract", name)
     _check_callable(abstract_reverse, "abstract_reverse", name)
     first_n_args_fixed, func_can_batch = _check_flags(name, first_n_args_fixed, func_can_batch)
@@ -214,9 +231,8 @@ def get_nonlinear_call(
         raise TypeError(
             f"jaxbind op '{name}': f_derivative must be a pair (f_jvp, f_vjp), got {f_derivative!r:.100}."
         )
-    f_jvp, f_vjp = f_derivative
-    _check_callable(f_jvp, "f_jvp (f_derivative[0])", name)
-    _check_callable(f_vjp, "f_vjp (f_derivative[1])", name)
+    f_jvp = _callback(f_derivative[0], "f_jvp (f_derivative[0])", name)
+    f_vjp = _callback(f_derivative[1], "f_vjp (f_derivative[1])", name)
     forward = Family(callbacks=(f,), abstracts=(abstract,), labels=(FORWARD,), linear=False)
     derivative = Family(
         callbacks=(f_vjp, f_jvp), abstracts=(abstract_reverse, abstract),

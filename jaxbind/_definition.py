@@ -23,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional, Tuple
 
+from ._native import NativeKernel
+
 FORWARD = "forward"
 
 
@@ -69,6 +71,11 @@ class OpDef:
 
     def __repr__(self):
         return self.name
+
+    @property
+    def has_native(self) -> bool:
+        """Whether any callback is a native kernel (which limits the kwargs)."""
+        return any(isinstance(cb, NativeKernel) for family in self.families for cb in family.callbacks)
 
     @property
     def n_linear_args(self) -> Optional[int]:

@@ -22,6 +22,7 @@ from . import _trampoline
 from ._definition import JaxbindError, Role
 from ._jax_compat import Primitive, ad, apply_primitive, batching, get_aval, mlir
 from ._kwargs import Kwargs
+from ._native import NativeKernel, kernel_kwargs
 
 # ---------------------------------------------------------------------------
 # Batching parameters
@@ -527,15 +528,17 @@ def site_for(role: Role, kwargs: Kwargs, batch: Batch, avals_in, avals_out) -> i
     key = (role.callback, role.label, kwargs, batch, shapes)
     site = _sites.get(key)
     if site is None:
-        dump = kwargs.dump
-        if isinstance(batch, NativeBatch):
-            dump = kwargs.with_values(batch_axes=batch.in_axes).dump
-        elif role.op.func_can_batch:
-            dump = kwargs.with_values(batch_axes=None).dump
+        callback, can_batch = role.callback, role.op.func_can_batch
+        batch_axes = batch.in_axes if isinstance(batch, NativeBatch) else None
         layout = ([], [], [], [])
         if isinstance(batch, WalkBatch):
             layout = _walk_layout(batch, avals_in, avals_out)
-        site = _trampoline.register_site(role.label, role.callback, dump, *layout)
+        if isinstance(callback, NativeKernel):
+            entries = kernel_kwargs(kwargs.values, role.label, batch_axes, len(avals_in), can_batch)
+            site = _trampoline.register_site(role.label, None, b"", *layout, callback.address, entries)
+        else:
+            dump = kwargs.with_values(batch_axes=batch_axes).dump if can_batch else kwargs.dump
+            site = _trampoline.register_site(role.label, callback, dump, *layout, 0, [])
         _sites[key] = site
     return site
 

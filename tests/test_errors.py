@@ -20,7 +20,7 @@ def ident(out, args, kwargs_dump):
 
 
 def test_op_and_f_must_be_callable():
-    with pytest.raises(TypeError, match=r"op 'ident': f_T must be callable"):
+    with pytest.raises(TypeError, match=r"op 'ident': f_T must be a Python callable or a native kernel"):
         jaxbind.get_linear_call(ident, "not a function", same_shape, same_shape)
     with pytest.raises(TypeError, match=r"op 'ident': abstract must be callable"):
         jaxbind.get_linear_call(ident, ident, None, same_shape)

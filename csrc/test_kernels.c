@@ -1,0 +1,197 @@
+/*
+ * Native kernels for jaxbind's own tests and benchmarks (not part of the API).
+ * They are written against the public header only, as a user's kernels are.
+ */
+#include <complex.h>
+#include <math.h>
+#include <string.h>
+
+#include "jaxbind.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+static int check_counts(const jaxbind_call *call, int64_t n_in, int64_t n_out) {
+  if (call->n_in < n_in || call->n_out != n_out) {
+    return jaxbind_fail(call, "expected at least %lld inputs and %lld outputs, got %lld and %lld",
+                        (long long)n_in, (long long)n_out, (long long)call->n_in,
+                        (long long)call->n_out);
+  }
+  return 0;
+}
+
+/* out[0] = factor * in[last], factor = kwarg "factor" (default 2); real and
+ * complex floats. Linear in its last input, so it is its own transpose. */
+EXPORT int jb_scale(const jaxbind_call *call) {
+  if (check_counts(call, 1, 1)) return 1;
+  const jaxbind_array *x = &call->in[call->n_in - 1];
+  jaxbind_array *y = &call->out[0];
+  const double factor = jaxbind_kwarg_float(call, "factor", 2.0);
+  const int64_t n = jaxbind_size(x);
+  if (x->dtype != y->dtype) return jaxbind_fail(call, "input and output dtypes differ");
+  switch (x->dtype) {
+    case JAXBIND_FLOAT32: {
+      const float *a = x->data; float *b = y->data;
+      for (int64_t i = 0; i < n; ++i) b[i] = (float)factor * a[i];
+      return 0;
+    }
+    case JAXBIND_FLOAT64: {
+      const double *a = x->data; double *b = y->data;
+      for (int64_t i = 0; i < n; ++i) b[i] = factor * a[i];
+      return 0;
+    }
+    case JAXBIND_COMPLEX64: {
+      const float complex *a = x->data; float complex *b = y->data;
+      for (int64_t i = 0; i < n; ++i) b[i] = (float)factor * a[i];
+      return 0;
+    }
+    case JAXBIND_COMPLEX128: {
+      const double complex *a = x->data; double complex *b = y->data;
+      for (int64_t i = 0; i < n; ++i) b[i] = factor * a[i];
+      return 0;
+    }
+    default:
+      return jaxbind_fail(call, "jb_scale: unsupported dtype code %lld", (long long)x->dtype);
+  }
+}
+
+/* out[0] = in[0] (byte copy) for every dtype; out[1] = the dtype code as int64. */
+EXPORT int jb_copy_any(const jaxbind_call *call) {
+  if (check_counts(call, 1, 2)) return 1;
+  const jaxbind_array *x = &call->in[0];
+  if (call->out[0].dtype != x->dtype) return jaxbind_fail(call, "dtype mismatch");
+  int64_t width = 0;
+  switch (x->dtype) {
+    case JAXBIND_BOOL: case JAXBIND_INT8: case JAXBIND_UINT8:
+    case JAXBIND_FLOAT8_E5M2: case JAXBIND_FLOAT8_E4M3FN: case JAXBIND_FLOAT8_E4M3B11FNUZ:
+    case JAXBIND_FLOAT8_E5M2FNUZ: case JAXBIND_FLOAT8_E4M3FNUZ: case JAXBIND_FLOAT8_E4M3:
+    case JAXBIND_FLOAT8_E3M4: width = 1; break;
+    case JAXBIND_INT16: case JAXBIND_UINT16: case JAXBIND_FLOAT16: case JAXBIND_BFLOAT16: width = 2; break;
+    case JAXBIND_INT32: case JAXBIND_UINT32: case JAXBIND_FLOAT32: width = 4; break;
+    case JAXBIND_INT64: case JAXBIND_UINT64: case JAXBIND_FLOAT64: case JAXBIND_COMPLEX64: width = 8; break;
+    case JAXBIND_COMPLEX128: width = 16; break;
+    default: return jaxbind_fail(call, "unknown dtype code %lld", (long long)x->dtype);
+  }
+  memcpy(call->out[0].data, x->data, (size_t)(width * jaxbind_size(x)));
+  *(int64_t *)call->out[1].data = x->dtype;
+  return 0;
+}
+
+/* A nonlinear elementwise function and its derivatives, float64:
+ * f(x) = sin(x) * x; f'(x) = cos(x) * x + sin(x). Inputs: (x) for f,
+ * (x, t) for the jvp, (x, ct) for the vjp. */
+static double f_prime(double x) { return cos(x) * x + sin(x); }
+
+EXPORT int jb_xsin(const jaxbind_call *call) {
+  if (check_counts(call, 1, 1)) return 1;
+  if (call->in[0].dtype != JAXBIND_FLOAT64) return jaxbind_fail(call, "jb_xsin: float64 only");
+  const double *x = call->in[0].data; double *y = call->out[0].data;
+  for (int64_t i = 0, n = jaxbind_size(&call->in[0]); i < n; ++i) y[i] = sin(x[i]) * x[i];
+  return 0;
+}
+
+EXPORT int jb_xsin_derivative(const jaxbind_call *call) { /* jvp and vjp alike */
+  if (check_counts(call, 2, 1)) return 1;
+  const double *x = call->in[0].data, *t = call->in[1].data; double *y = call->out[0].data;
+  for (int64_t i = 0, n = jaxbind_size(&call->in[0]); i < n; ++i) y[i] = f_prime(x[i]) * t[i];
+  return 0;
+}
+
+/* Two outputs of different shapes from one input (float64):
+ * out[0] = 3 x, out[1] = sum(x) (a scalar). Linear. */
+EXPORT int jb_triple_and_sum(const jaxbind_call *call) {
+  if (check_counts(call, 1, 2)) return 1;
+  const double *x = call->in[0].data;
+  double *y = call->out[0].data, *s = call->out[1].data, total = 0.0;
+  for (int64_t i = 0, n = jaxbind_size(&call->in[0]); i < n; ++i) {
+    y[i] = 3.0 * x[i];
+    total += x[i];
+  }
+  *s = total;
+  return 0;
+}
+
+/* The transpose: in = (ct_y, ct_s); out[0] = 3 ct_y + ct_s. */
+EXPORT int jb_triple_and_sum_T(const jaxbind_call *call) {
+  if (check_counts(call, 2, 1)) return 1;
+  const double *cy = call->in[0].data, *cs = call->in[1].data; double *x = call->out[0].data;
+  for (int64_t i = 0, n = jaxbind_size(&call->out[0]); i < n; ++i) x[i] = 3.0 * cy[i] + *cs;
+  return 0;
+}
+
+/* Fails with a message that carries a kwarg. */
+EXPORT int jb_fail(const jaxbind_call *call) {
+  return jaxbind_fail(call, "kernel failed on purpose (code=%lld)",
+                      (long long)jaxbind_kwarg_int(call, "code", -1));
+}
+
+/* Fails without a message. */
+EXPORT int jb_fail_silently(const jaxbind_call *call) { (void)call; return 7; }
+
+/* Reports its kwargs into a float64 output of 8 entries:
+ * [int i, float f, bool b, strlen(s), s[0], sum(ints), sum(floats), n_kwargs]. */
+EXPORT int jb_kwargs_probe(const jaxbind_call *call) {
+  double *o = call->out[0].data;
+  const jaxbind_kwarg *s = jaxbind_find_kwarg(call, "s");
+  const jaxbind_kwarg *ints = jaxbind_find_kwarg(call, "ints");
+  const jaxbind_kwarg *floats = jaxbind_find_kwarg(call, "floats");
+  const jaxbind_kwarg *b = jaxbind_find_kwarg(call, "b");
+  if (!s || s->type != JAXBIND_KW_STRING || !ints || ints->type != JAXBIND_KW_INT_ARRAY ||
+      !floats || floats->type != JAXBIND_KW_FLOAT_ARRAY || !b || b->type != JAXBIND_KW_BOOL) {
+    return jaxbind_fail(call, "kwargs of unexpected types");
+  }
+  o[0] = (double)jaxbind_kwarg_int(call, "i", -1);
+  o[1] = jaxbind_kwarg_float(call, "f", -1.0);
+  o[2] = (double)b->int_value;
+  o[3] = (double)s->size;
+  o[4] = (double)(unsigned char)s->string_value[0];
+  o[5] = 0.0;
+  for (int64_t k = 0; k < ints->size; ++k) o[5] += (double)ints->int_array[k];
+  o[6] = 0.0;
+  for (int64_t k = 0; k < floats->size; ++k) o[6] += floats->float_array[k];
+  o[7] = (double)call->n_kwargs;
+  return 0;
+}
+
+/* func_can_batch: y = factor * x elementwise (float64), and the batch layout
+ * checked against the shapes: every batch axis must be a valid axis. Writes
+ * batch_levels into out[1] (int64 scalar), -1 when the kwargs are missing. */
+EXPORT int jb_batched_scale(const jaxbind_call *call) {
+  if (check_counts(call, 1, 2)) return 1;
+  const jaxbind_kwarg *levels = jaxbind_find_kwarg(call, "batch_levels");
+  const jaxbind_kwarg *axes = jaxbind_find_kwarg(call, "batch_axes");
+  int64_t nlev = -1;
+  if (levels && axes) {
+    nlev = levels->int_value;
+    if (axes->size != call->n_in * nlev) return jaxbind_fail(call, "batch_axes has %lld entries", (long long)axes->size);
+    for (int64_t k = 0; k < axes->size; ++k) {
+      int64_t a = axes->int_array[k];
+      if (a < -1 || a >= call->in[k / (nlev ? nlev : 1)].rank) return jaxbind_fail(call, "bad batch axis %lld", (long long)a);
+    }
+  }
+  const double factor = jaxbind_kwarg_float(call, "factor", 2.0);
+  const double *x = call->in[call->n_in - 1].data; double *y = call->out[0].data;
+  for (int64_t i = 0, n = jaxbind_size(&call->in[call->n_in - 1]); i < n; ++i) y[i] = factor * x[i];
+  *(int64_t *)call->out[1].data = nlev;
+  return 0;
+}
+
+/* About a millisecond of work per call by default (kwarg "iterations"):
+ * out[0] = in[0] + sum_k sin(k) / iterations, so its result is checkable. */
+EXPORT int jb_busy(const jaxbind_call *call) {
+  const int64_t iterations = jaxbind_kwarg_int(call, "iterations", 200000);
+  double acc = 0.0;
+  for (int64_t k = 0; k < iterations; ++k) acc += sin((double)k);
+  const double *x = call->in[0].data; double *y = call->out[0].data;
+  for (int64_t i = 0, n = jaxbind_size(&call->in[0]); i < n; ++i) y[i] = x[i] + acc / (double)iterations;
+  return 0;
+}
+
+/* out[0] = in[0] * 2 for float64; the cheapest useful kernel (benchmarks). */
+EXPORT int jb_double(const jaxbind_call *call) {
+  const double *x = call->in[0].data; double *y = call->out[0].data;
+  for (int64_t i = 0, n = jaxbind_size(&call->in[0]); i < n; ++i) y[i] = 2.0 * x[i];
+  return 0;
+}
+
+/* Does nothing (benchmarks: the pure overhead). */
+EXPORT int jb_empty(const jaxbind_call *call) { (void)call; return 0; }

@@ -1,0 +1,164 @@
+"""Native kernels: C function pointers that XLA calls with no Python and no GIL.
+
+A kernel has the signature ``int kernel(const jaxbind_call *call)`` declared in
+the public header ``jaxbind.h`` (its folder: :func:`get_include`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import numbers
+import os
+from typing import Optional
+
+import numpy as np
+
+from . import _trampoline
+
+__all__ = ["NativeKernel", "as_kernel", "get_include", "kernel_kwargs", "native"]
+
+# enum jaxbind_kwarg_type in jaxbind.h
+KW_INT, KW_FLOAT, KW_BOOL, KW_STRING, KW_INT_ARRAY, KW_FLOAT_ARRAY = 1, 2, 3, 4, 5, 6
+
+
+def get_include() -> str:
+    """The folder holding ``jaxbind.h``, for ``-I`` when compiling a native kernel."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
+
+
+class NativeKernel:
+    """The address of a C function with the jaxbind kernel signature.
+
+    Equal (and hashed) by address, so ops built from the same kernels share
+    compiled code. ``keepalive`` holds whatever owns the code (a ctypes
+    function, a numba cfunc, a library handle) for as long as the kernel lives.
+    """
+
+    __slots__ = ("address", "__name__", "_keepalive")
+
+    def __init__(self, address: int, name: Optional[str] = None, keepalive=None):
+        self.address = int(address)
+        self.__name__ = name or f"native kernel at {self.address:#x}"
+        self._keepalive = keepalive
+
+    def __eq__(self, other):
+        return isinstance(other, NativeKernel) and self.address == other.address
+
+    def __hash__(self):
+        return hash(("jaxbind-native", self.address))
+
+    def __repr__(self):
+        return f"<jaxbind native kernel {self.__name__!r} at {self.address:#x}>"
+
+
+def native(address: int, *, name: Optional[str] = None, keepalive=None) -> NativeKernel:
+    """Mark an integer as the address of a jaxbind kernel (``int kernel(const jaxbind_call*)``).
+
+    Args:
+      address: the function's address, e.g. from ``ctypes.cast(fn, ctypes.c_void_p).value``.
+      name: a name for error messages and jaxprs.
+      keepalive: an object to keep alive as long as the kernel (the owner of the code).
+    """
+    if isinstance(address, bool) or not isinstance(address, numbers.Integral):
+        raise TypeError(f"jaxbind.native: the address must be an integer, got {type(address).__name__}.")
+    if address == 0:
+        raise ValueError("jaxbind.native: the address is 0 (a null function pointer).")
+    if address < 0 or address >= 1 << 64:
+        raise ValueError(f"jaxbind.native: {address} is not a valid address.")
+    return NativeKernel(address, name, keepalive)
+
+
+def _numba_cfunc_address(obj) -> Optional[int]:
+    module = type(obj).__module__ or ""
+    if module.startswith("numba") and hasattr(obj, "address") and hasattr(obj, "native_name"):
+        return int(obj.address)
+    return None
+
+
+def as_kernel(obj, what: str, op_name: str):
+    """``obj`` as a :class:`NativeKernel` when it is a native form, else None.
+
+    Native forms: a ctypes function pointer, a numba cfunc, a PyCapsule holding a
+    function pointer, or :func:`native`. Raises when ``obj`` looks like an
+    address but is unusable.
+    """
+    def null():
+        return ValueError(
+            f"jaxbind op '{op_name}': {what} is a null function pointer (address 0); "
+            "pass the address of a compiled kernel."
+        )
+
+    if isinstance(obj, NativeKernel):
+        kernel = obj
+    elif isinstance(obj, ctypes._CFuncPtr):  # a CDLL function or a CFUNCTYPE object
+        address = ctypes.cast(obj, ctypes.c_void_p).value or 0
+        kernel = NativeKernel(address, getattr(obj, "__name__", None), keepalive=obj)
+    elif type(obj).__name__ == "PyCapsule":
+        try:
+            address = _trampoline.capsule_pointer(obj)
+        except ValueError:  # CPython refuses a capsule holding NULL
+            raise null() from None
+        kernel = NativeKernel(address, None, keepalive=obj)
+    elif _numba_cfunc_address(obj) is not None:
+        kernel = NativeKernel(_numba_cfunc_address(obj), getattr(obj, "__name__", None), keepalive=obj)
+    elif isinstance(obj, (numbers.Integral, np.integer)) and not isinstance(obj, bool):
+        raise TypeError(
+            f"jaxbind op '{op_name}': {what} is an integer. If it is the address of a native "
+            "kernel, wrap it: jaxbind.native(address)."
+        )
+    else:
+        return None
+    if kernel.address == 0:
+        raise null()
+    return kernel
+
+
+def _kwarg_entry(key, value, label: str):
+    def refuse(why=""):
+        return TypeError(
+            f"jaxbind {label}: keyword argument '{key}' ({type(value).__name__}{why}) cannot be "
+            "passed to a native kernel, which takes ints, floats, bools, strings and 1-d "
+            "sequences or arrays of ints or floats."
+        )
+
+    if isinstance(value, (bool, np.bool_)):
+        return (key, KW_BOOL, int(value))
+    if isinstance(value, (numbers.Integral, np.integer)):
+        if not -(1 << 63) <= int(value) < (1 << 63):
+            raise refuse(": does not fit in 64 bits")
+        return (key, KW_INT, int(value))
+    if isinstance(value, (numbers.Real, np.floating)):
+        return (key, KW_FLOAT, float(value))
+    if isinstance(value, str):
+        if "\0" in value:
+            raise refuse(": contains a NUL character")
+        return (key, KW_STRING, value)
+    if isinstance(value, (list, tuple, np.ndarray)):
+        try:
+            array = np.asarray(value)
+        except Exception:
+            raise refuse() from None
+        if array.ndim != 1:
+            raise refuse(f" of {array.ndim} dimensions")
+        if array.size == 0 or np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
+            return (key, KW_INT_ARRAY, [int(v) for v in array])
+        if np.issubdtype(array.dtype, np.floating):
+            return (key, KW_FLOAT_ARRAY, [float(v) for v in array])
+        raise refuse(f" of dtype {array.dtype}")
+    raise refuse()
+
+
+def kernel_kwargs(values: dict, label: str, batch_axes=None, n_in: int = 0, can_batch=False):
+    """The op call's kwargs as ``(name, type, value)`` entries for a native kernel.
+
+    With ``can_batch``, adds ``batch_levels`` and the flat ``batch_axes`` the
+    header describes (from a tuple per input of its batch axes, or None).
+    """
+    entries = [_kwarg_entry(key, value, label) for key, value in values.items()]
+    if can_batch:
+        levels = max((len(axes) for axes in batch_axes), default=0) if batch_axes else 0
+        flat = []
+        for axes in batch_axes or ((),) * n_in:
+            flat += list(axes) if axes else [-1] * levels
+        entries += [("batch_levels", KW_INT, levels), ("batch_axes", KW_INT_ARRAY, flat)]
+    return entries
