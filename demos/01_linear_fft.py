@@ -21,8 +21,6 @@ transpose, i.e. the adjoint, would instead be an inverse FFT; that is *not* what
 JAX wants here.)  For a multi-dimensional FFT the same holds axis by axis.
 """
 
-import sys
-
 import jax
 
 jax.config.update("jax_enable_x64", True)  # float64 / complex128 everywhere
@@ -32,6 +30,7 @@ import numpy as np
 import scipy.fft
 
 import jaxbind
+from _checks import check, finish
 
 
 # ---------------------------------------------------------------------------
@@ -112,20 +111,6 @@ def fftn(x, norm):
 # 3. Checks against jax.numpy
 # ---------------------------------------------------------------------------
 
-failures = []
-
-
-def check(name, got, want, rtol=1e-10, atol=1e-10):
-    """Compare shape, dtype and values; record a failure instead of raising."""
-    got, want = np.asarray(got), np.asarray(want)
-    ok = (got.shape == want.shape and got.dtype == want.dtype
-          and np.allclose(got, want, rtol=rtol, atol=atol))
-    err = np.max(np.abs(got - want)) if got.shape == want.shape else float("nan")
-    print(f"{'OK  ' if ok else 'FAIL'} {name:55s} max|diff| = {err:.2e}")
-    if not ok:
-        failures.append(name)
-
-
 rng = np.random.default_rng(0)
 shape = (4, 6, 5)
 x = jnp.asarray(rng.normal(size=shape) + 1j * rng.normal(size=shape))  # complex128
@@ -186,7 +171,4 @@ for norm in ("backward", "ortho", "forward"):
     check("jit(vmap(grad)), real input", jax.jit(jax.vmap(jax.grad(lossr)))(xrb),
           jax.vmap(jax.grad(lossr_ref))(xrb))
 
-if failures:
-    print(f"{len(failures)} check(s) FAILED: {failures}")
-    sys.exit(1)
-print("OK: all checks passed")
+finish()

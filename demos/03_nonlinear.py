@@ -19,7 +19,7 @@ The op evaluates, with NumPy (think: an external solver JAX cannot trace),
   vjp, jacrev).  Nonlinear ops support *first-order* derivatives only.
 """
 
-import sys
+import functools
 
 import jax
 
@@ -30,6 +30,7 @@ import numpy as np
 from jax.test_util import check_grads
 
 import jaxbind
+from _checks import check, check_raises, failures, finish
 
 # ---------------------------------------------------------------------------
 # Callbacks: cb(out, args, kwargs_dump), writing into out[i][...].
@@ -95,29 +96,8 @@ def peak_ref(c, x, p=3):  # jax.numpy reference
 # Checks
 # ---------------------------------------------------------------------------
 
-failures = []
-
-
-def check(name, got, want, rtol=1e-10, atol=1e-12):
-    """Compare shape, dtype and values; record a failure instead of raising."""
-    got, want = np.asarray(got), np.asarray(want)
-    ok = (got.shape == want.shape and got.dtype == want.dtype
-          and np.allclose(got, want, rtol=rtol, atol=atol))
-    err = np.max(np.abs(got - want)) if got.shape == want.shape else float("nan")
-    print(f"{'OK  ' if ok else 'FAIL'} {name:50s} max|diff| = {err:.2e}")
-    if not ok:
-        failures.append(name)
-
-
-def check_raises(name, fn, exc_type):
-    try:
-        fn()
-    except exc_type as err:
-        print(f"OK   {name:50s} raises {exc_type.__name__}: {str(err).splitlines()[0][:60]}...")
-    else:
-        print(f"FAIL {name:50s} did not raise {exc_type.__name__}")
-        failures.append(name)
-
+# This demo compares with a tighter absolute tolerance than the shared default.
+check = functools.partial(check, atol=1e-12)
 
 rng = np.random.default_rng(2)
 n = 6
@@ -175,7 +155,4 @@ check_raises("grad wrt fixed arg c", lambda: jax.grad(lambda c_: jnp.sum(peak_fn
 # - second derivatives of a nonlinear op (only first order is provided).
 check_raises("second derivative", lambda: jax.hessian(lambda x_: jnp.sum(peak_fn(c, x_)))(x), ValueError)
 
-if failures:
-    print(f"{len(failures)} check(s) FAILED: {failures}")
-    sys.exit(1)
-print("OK: all checks passed")
+finish()

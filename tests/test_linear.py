@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import jaxbind
+from _shared import squared_norm, two_dtypes
 
 # ---------------------------------------------------------------------------
 # The ops
@@ -96,18 +97,6 @@ def mix_reference(x1, x2):
 
 def factor_for(dtype):
     return 2.5 - 1.5j if dtype.kind == "c" else 2.5
-
-
-# The heavier tests (Hessians, nested transformations) run in one single and
-# one double precision dtype, one real and one complex, to keep the suite fast.
-two_dtypes = pytest.mark.parametrize(
-    "dtype", [np.dtype(np.float32), np.dtype(np.complex128)], ids=lambda d: d.name
-)
-
-
-def squared_norm(y):
-    """A real-valued loss, so that ``jax.grad`` accepts complex ops too."""
-    return jnp.sum(jnp.abs(y) ** 2)
 
 
 # ---------------------------------------------------------------------------

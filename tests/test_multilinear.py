@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import jaxbind
+from _shared import squared_norm, two_dtypes
 
 # ---------------------------------------------------------------------------
 # The ops
@@ -132,15 +133,6 @@ bilinear_form_op = jaxbind.get_linear_call(
 def apply_bilinear_form(M, x, y):
     return bilinear_form_op(M, x, y)[0]
 
-
-def squared_norm(z):
-    """A real-valued loss, so that ``jax.grad`` accepts complex ops too."""
-    return jnp.sum(jnp.abs(z) ** 2)
-
-
-two_dtypes = pytest.mark.parametrize(
-    "dtype", [np.dtype(np.float32), np.dtype(np.complex128)], ids=lambda d: d.name
-)
 
 # ---------------------------------------------------------------------------
 # multiply

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import jaxbind
+from _shared import squared_norm, two_dtypes
 
 # ---------------------------------------------------------------------------
 # The ops
@@ -108,15 +109,6 @@ def apply_product_and_sine(x, y):
 def product_and_sine_reference(x, y):
     return x * y, jnp.sin(x) + y**2
 
-
-def squared_norm(y):
-    """A real-valued loss, so that ``jax.grad`` accepts complex ops too."""
-    return jnp.sum(jnp.abs(y) ** 2)
-
-
-two_dtypes = pytest.mark.parametrize(
-    "dtype", [np.dtype(np.float32), np.dtype(np.complex128)], ids=lambda d: d.name
-)
 
 # ---------------------------------------------------------------------------
 # sin_exp: one fixed and one differentiable argument
