@@ -1,0 +1,368 @@
+"""Per-call cost of jaxbind ops against JAX's own callbacks, measured side by side in one run.
+
+Run:  python bench/overhead.py [--quick] [--json bench/results.json]
+
+Method (per-call cases): the op runs K times inside ONE jitted function, as a
+``lax.fori_loop`` with a traced trip count, so K=0 and K=K use the same
+executable; per call = (T(K) - T(0)) / K, the median over interleaved
+repetitions after a warm-up, with K chosen so that a run takes about 0.1 s.
+Each per-call case runs twice: alone (a tiny program, which XLA runs on the
+calling Python thread) and beside an independent ``sum(sin(x))`` over 4096
+elements (which makes XLA run the program on one of its worker threads, as it
+does real programs). Results are checked once, outside the timing, on random data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxbind  # noqa: E402
+from jaxbind import _trampoline  # noqa: E402
+
+try:
+    from jax.experimental.buffer_callback import buffer_callback
+except ImportError:  # older jax
+    buffer_callback = None
+
+KERNELS = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+TARGET_SECONDS = 0.1
+REPEATS = 5
+
+
+# ---------------------------------------------------------------------------
+# The ops under test: y = 2 x
+# ---------------------------------------------------------------------------
+
+
+def same_shape(x, **kwargs):
+    return ((x.shape, x.dtype),)
+
+
+def numpy_double(out, args, kwargs_dump):
+    np.multiply(args[0], 2, out=out[0])
+
+
+def empty_body(out, args, kwargs_dump):
+    pass
+
+
+def batched_double(out, args, kwargs_dump):
+    np.multiply(args[0], 2, out=out[0])
+
+
+def batched_abstract(x, *, batch_axes):
+    if batch_axes is None:
+        return ((x.shape, x.dtype),)
+    return ((x.shape, x.dtype, batch_axes[0][-1]),)
+
+
+python_op = jaxbind.get_linear_call(numpy_double, numpy_double, same_shape, same_shape)
+empty_op = jaxbind.get_linear_call(empty_body, empty_body, same_shape, same_shape)
+native_op = jaxbind.get_linear_call(KERNELS.jb_double, KERNELS.jb_double, same_shape, same_shape)
+native_empty_op = jaxbind.get_linear_call(KERNELS.jb_empty, KERNELS.jb_empty, same_shape, same_shape)
+can_batch_op = jaxbind.get_linear_call(batched_double, batched_double, batched_abstract,
+                                       batched_abstract, func_can_batch=True)
+
+
+def pure_callback_double(x, vmap_method=None):
+    kwargs = {} if vmap_method is None else {"vmap_method": vmap_method}
+    return jax.pure_callback(lambda a: np.multiply(a, 2), jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+                             **kwargs)
+
+
+def buffer_callback_double(x):
+    def body(ctx, out, a):
+        np.multiply(np.asarray(a), 2, out=np.asarray(out))
+
+    return buffer_callback(body, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+
+CASES = {
+    "jnp 2*x (floor)": lambda x: 2 * x,
+    "jax.pure_callback": pure_callback_double,
+    "buffer_callback": buffer_callback_double if buffer_callback else None,
+    "jaxbind python": lambda x: python_op(x)[0],
+    "jaxbind python, empty body": lambda x: empty_op(x)[0],
+    "jaxbind native": lambda x: native_op(x)[0],
+    "jaxbind native, empty body": lambda x: native_empty_op(x)[0],
+}
+
+# ---------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------
+
+
+def _looped(body, worker: bool):
+    """jit(x, k): body applied k times in a fori_loop (and, on a worker, sum(sin) beside it)."""
+    side = jnp.linspace(0.0, 1.0, 4096)
+
+    def run(x, k):
+        y = jax.lax.fori_loop(0, k, lambda i, v: body(v), x)
+        if worker:
+            return y, jnp.sum(jnp.sin(side * x.ravel()[0]))
+        return y
+
+    return jax.jit(run)
+
+
+def _timed(fn, *args):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return time.perf_counter() - t0
+
+
+def per_call(body, x, worker: bool):
+    """Seconds per application of ``body`` to ``x``, by the fori_loop difference method."""
+    fn = _looped(body, worker)
+    jax.block_until_ready(fn(x, 2))  # compile and warm up
+    k = 16
+    while True:  # grow K until a run takes about TARGET_SECONDS
+        spent = _timed(fn, x, k) - _timed(fn, x, 0)
+        if spent > TARGET_SECONDS / 4 or k >= 1 << 22:
+            break
+        k *= 4
+    k = max(16, int(k * TARGET_SECONDS / max(spent, 1e-9)))
+    samples = []
+    for _ in range(REPEATS):
+        t0 = _timed(fn, x, 0)
+        tk = _timed(fn, x, k)
+        samples.append((tk - t0) / k)
+    return statistics.median(samples)
+
+
+def per_call_plain(fn, *args, repeats=REPEATS, target=TARGET_SECONDS):
+    """Seconds per Python-level call of ``fn(*args)``, median of several timed batches."""
+    jax.block_until_ready(fn(*args))
+    n = 1
+    while _timed_n(fn, args, n) < target / 4:
+        n *= 4
+    n = max(1, int(n * target / max(_timed_n(fn, args, n), 1e-9)))
+    return statistics.median(_timed_n(fn, args, n) / n for _ in range(repeats))
+
+
+def _timed_n(fn, args, n):
+    t0 = time.perf_counter()
+    for _ in range(n):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return time.perf_counter() - t0
+
+
+def body_alone(size):
+    """The NumPy body itself, from a Python loop on preallocated arrays."""
+    x, y = np.random.default_rng(0).standard_normal(size), np.empty(size)
+    return per_call_plain(lambda: np.multiply(x, 2, out=y))
+
+
+# ---------------------------------------------------------------------------
+# Checks (once, outside the timing)
+# ---------------------------------------------------------------------------
+
+
+def check_results():
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal(1000))
+    for name, body in CASES.items():
+        if body is None or "empty" in name:
+            continue
+        np.testing.assert_allclose(jax.jit(body)(x), 2 * np.asarray(x), rtol=1e-15, err_msg=name)
+    xs = jnp.asarray(rng.standard_normal((64, 1000)))
+    for body in (lambda v: python_op(v)[0], lambda v: can_batch_op(v)[0]):
+        np.testing.assert_allclose(jax.jit(jax.vmap(body))(xs), 2 * np.asarray(xs), rtol=1e-15)
+    grad = jax.jit(jax.grad(lambda v: 0.5 * jnp.sum(python_op(v)[0] ** 2)))
+    np.testing.assert_allclose(grad(x), 4 * np.asarray(x), rtol=1e-14)
+    # the worker-thread programs really run the op off the Python thread
+    threads = set()
+
+    def spy(out, args, kwargs_dump):
+        threads.add(threading.get_ident())
+        out[0][...] = args[0]
+
+    spy_op = jaxbind.get_linear_call(spy, spy, same_shape, same_shape)
+    fn = _looped(lambda v: spy_op(v)[0], worker=True)
+    jax.block_until_ready(fn(x[:1], 3))
+    worker_ok = threading.main_thread().ident not in threads
+    threads.clear()
+    jax.block_until_ready(_looped(lambda v: spy_op(v)[0], worker=False)(x[:1], 3))
+    caller_ok = threads == {threading.main_thread().ident}
+    return {"worker_program_runs_off_python_thread": worker_ok,
+            "tiny_program_runs_on_python_thread": caller_ok}
+
+
+# ---------------------------------------------------------------------------
+# The suite
+# ---------------------------------------------------------------------------
+
+
+def concurrency():
+    """Two independent ~1 ms native calls in one program, against one."""
+    busy = jaxbind.get_linear_call(KERNELS.jb_busy, KERNELS.jb_busy, same_shape, same_shape)
+    x = jnp.ones(4)
+    one = jax.jit(lambda a: busy(a, iterations=60000)[0])
+    two = jax.jit(lambda a, b: (busy(a, iterations=60000)[0], busy(b, iterations=60000)[0]))
+    t_one = per_call_plain(one, x, repeats=9)
+    t_two = per_call_plain(two, x, x + 1, repeats=9)
+    return {"one_call_ms": t_one * 1e3, "two_calls_ms": t_two * 1e3, "ratio": t_two / t_one}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
+    parser.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results.json"))
+    options = parser.parse_args()
+    global REPEATS, TARGET_SECONDS
+    sizes = [1, 1000, 1000000]
+    if options.quick:
+        REPEATS, TARGET_SECONDS, sizes = 3, 0.03, [1, 1000]
+    started = time.time()
+    results = {
+        "machine": {
+            "platform": platform.platform(), "processor": platform.processor(),
+            "cpus": os.cpu_count(), "python": sys.version.split()[0],
+            "jax": jax.__version__, "numpy": np.__version__,
+        },
+        "method": __doc__.split("Method")[1].strip(),
+        "checks": check_results(),
+        "per_call_us": {},
+    }
+    rng = np.random.default_rng(0)
+    for size in sizes:
+        x = jnp.asarray(rng.standard_normal(size))
+        row = {}
+        for name, body in CASES.items():
+            if body is None:
+                continue
+            if name == "jax.pure_callback" and size >= 1000000 and options.quick:
+                continue
+            for worker in (False, True):
+                key = f"{name} [{'worker' if worker else 'caller'}]"
+                row[key] = per_call(body, x, worker) * 1e6
+        row["numpy body alone"] = body_alone(size) * 1e6
+        results["per_call_us"][str(size)] = row
+
+    # the floor: the steps the handler cannot avoid, each alone
+    n = 200000
+    results["floor_ns"] = {
+        "gil_worker_thread": _trampoline._diag_gil(n, True),
+        "gil_calling_thread": _trampoline._diag_gil(n, False),
+        "views_and_tuples": _trampoline._diag_views(n),
+        "python_call_empty": _trampoline._diag_call(empty_body, (np.zeros(1),), (np.ones(1),), b"", n),
+    }
+
+    # gradient step, vmap, eager
+    x = jnp.asarray(rng.standard_normal(1000))
+    forward = jax.jit(lambda v: python_op(v)[0])
+    grad = jax.jit(jax.grad(lambda v: 0.5 * jnp.sum(python_op(v)[0] ** 2)))
+    xs = jnp.asarray(rng.standard_normal((64, 1000)))
+    vmaps = {
+        "jaxbind walk (no func_can_batch)": jax.jit(jax.vmap(lambda v: python_op(v)[0])),
+        "jaxbind func_can_batch": jax.jit(jax.vmap(lambda v: can_batch_op(v)[0])),
+        "64 single calls of jaxbind python": None,
+    }
+    for method in ("sequential", "expand_dims", "broadcast_all"):
+        vmaps[f"pure_callback vmap_method={method}"] = jax.jit(
+            jax.vmap(lambda v, m=method: pure_callback_double(v, vmap_method=m)))
+    other = {
+        "forward 1000 (jit, called from Python)": per_call_plain(forward, x) * 1e6,
+        "grad step 1000 (jit, called from Python)": per_call_plain(grad, x) * 1e6,
+    }
+    for name, fn in vmaps.items():
+        if fn is None:
+            other[f"vmap 64x1000: {name}"] = 64 * results["per_call_us"]["1000"]["jaxbind python [caller]"] \
+                if "1000" in results["per_call_us"] else float("nan")
+        else:
+            other[f"vmap 64x1000: {name}"] = per_call_plain(fn, xs) * 1e6
+    x1 = jnp.asarray(rng.standard_normal(1))
+    jnp_one_op = jax.jit(lambda v: 2 * v)
+    other["eager op(x), 1 element"] = per_call_plain(lambda v: python_op(v)[0], x1) * 1e6
+    other["jitted jnp one-op function, 1 element"] = per_call_plain(jnp_one_op, x1) * 1e6
+    results["other_us"] = other
+    results["concurrency"] = concurrency()
+    results["seconds"] = time.time() - started
+
+    with open(options.json, "w") as handle:
+        json.dump(results, handle, indent=2)
+    print_tables(results)
+    print(f"\nwritten: {options.json} ({results['seconds']:.0f} s)")
+
+
+def print_tables(results):
+    m = results["machine"]
+    print(f"# jaxbind overhead: {m['platform']}, {m['cpus']} CPUs, Python {m['python']}, "
+          f"jax {m['jax']}, numpy {m['numpy']}\n")
+    print("Per call, microseconds (float64 arrays; caller = tiny program on the Python thread, "
+          "worker = program XLA runs on its own thread):\n")
+    sizes = list(results["per_call_us"])
+    print("| case | " + " | ".join(f"{s} elements" for s in sizes) + " |")
+    print("|---|" + "---:|" * len(sizes))
+    names = list(results["per_call_us"][sizes[0]])
+    for name in names:
+        cells = [results["per_call_us"][s].get(name) for s in sizes]
+        print(f"| {name} | " + " | ".join("-" if c is None else f"{c:.3g}" for c in cells) + " |")
+    print("\nFloor, nanoseconds per step alone:", ", ".join(
+        f"{k} {v:.0f}" for k, v in results["floor_ns"].items()))
+    print("\nOther, microseconds per call:\n")
+    print("| case | us |")
+    print("|---|---:|")
+    for name, value in results["other_us"].items():
+        print(f"| {name} | {value:.3g} |")
+    c = results["concurrency"]
+    print(f"\nTwo independent native calls of {c['one_call_ms']:.2f} ms in one program: "
+          f"{c['two_calls_ms']:.2f} ms ({c['ratio']:.2f}x one call)")
+    print("\nChecks:", results["checks"])
+    print_ratios(results)
+
+
+def print_ratios(results):
+    """The targets of the speed issue, as ratios from this run."""
+    pc = results["per_call_us"]
+    one = pc["1"]
+    rows = []
+    for where in ("caller", "worker"):
+        pure = one[f"jax.pure_callback [{where}]"]
+        rows.append((f"python op / pure_callback, 1 elem [{where}]", one[f"jaxbind python [{where}]"] / pure, "<= 1/100"))
+        rows.append((f"empty python op / pure_callback, 1 elem [{where}]",
+                     one[f"jaxbind python, empty body [{where}]"] / pure, "<= 1/200"))
+        rows.append((f"native op / python op, 1 elem [{where}]",
+                     one[f"jaxbind native [{where}]"] / one[f"jaxbind python [{where}]"], "<= 1/10"))
+    rows.append(("python op worker / caller, 1 elem",
+                 one["jaxbind python [worker]"] / one["jaxbind python [caller]"], "<= 1.2"))
+    floor = sum(results["floor_ns"][k] for k in ("gil_worker_thread", "views_and_tuples", "python_call_empty")) / 1e3
+    rows.append(("empty python op [worker] / floor sum", one["jaxbind python, empty body [worker]"] / floor, "(close to 1)"))
+    if "1000000" in pc:
+        big = pc["1000000"]
+        rows.append(("python op / numpy body, 1e6 elem", big["jaxbind python [caller]"] / big["numpy body alone"], "<= 1.1"))
+    other = results["other_us"]
+    rows.append(("vmap 64 walk / 64 single calls",
+                 other["vmap 64x1000: jaxbind walk (no func_can_batch)"] / other["vmap 64x1000: 64 single calls of jaxbind python"], "<= 1.2"))
+    rows.append(("vmap 64 walk / pure_callback sequential",
+                 other["vmap 64x1000: jaxbind walk (no func_can_batch)"] / other["vmap 64x1000: pure_callback vmap_method=sequential"], "<= 1/30"))
+    rows.append(("grad step / forward", other["grad step 1000 (jit, called from Python)"] / other["forward 1000 (jit, called from Python)"], "<= 2.2"))
+    rows.append(("eager op(x) / jitted jnp one-op", other["eager op(x), 1 element"] / other["jitted jnp one-op function, 1 element"], "<= 2"))
+    rows.append(("two native 1 ms calls / one", results["concurrency"]["ratio"], "<= 1.3"))
+    results["ratios"] = {name: value for name, value, _ in rows}
+    print("\nRatios (this run) against targets:\n")
+    print("| ratio | value | target |")
+    print("|---|---:|---|")
+    for name, value, target in rows:
+        shown = f"1/{1 / value:.0f}" if value < 0.5 else f"{value:.2f}"
+        print(f"| {name} | {shown} | {target} |")
+
+
+if __name__ == "__main__":
+    main()
