@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import Callable, Sequence, Tuple, Union
 
@@ -25,18 +26,39 @@ class Op:
     compare and hash equal.
     """
 
-    __slots__ = ("definition", "__weakref__")
+    __slots__ = ("definition", "_entries", "__weakref__")
 
     def __init__(self, definition: OpDef):
         self.definition = definition
+        self._entries = {}  # number of arguments -> (role, {kwargs: jitted call})
 
     @property
     def name(self) -> str:
         return self.definition.name
 
     def __call__(self, *args, **kwargs):
+        entry = self._entries.get(len(args)) or self._entry(len(args))
+        role, compiled = entry
+        for i, a in enumerate(args):
+            if not isinstance(a, _ARRAY_TYPES):
+                raise TypeError(
+                    f"jaxbind op '{self.name}': argument {i} is a {type(a).__name__}; op arguments "
+                    "must be arrays (jax or NumPy) or scalars. Pass static values as keyword "
+                    "arguments instead."
+                )
+        kwargs = self._kwargs(kwargs) if kwargs else _NO_KWARGS
+        if any(isinstance(a, jax.core.Tracer) for a in args):
+            return bind(args, role, kwargs)
+        # Called on concrete arrays: run a cached compiled call, as jax.jit
+        # would, instead of dispatching the primitive anew each time.
+        call = compiled.get(kwargs)
+        if call is None:
+            call = compiled[kwargs] = jax.jit(functools.partial(_bind_arrays, role=role, kwargs=kwargs))
+        return call(*args)
+
+    def _entry(self, n: int):
+        """Check the number of arguments once; the role the op plays when called with n."""
         d = self.definition
-        n = len(args)
         if d.kind == "multilinear" and n != d.first_n_args_fixed + d.n_linear_args:
             raise TypeError(
                 f"jaxbind op '{d.name}' takes {d.first_n_args_fixed} fixed and "
@@ -53,21 +75,6 @@ class Op:
                 f"jaxbind op '{d.name}' has first_n_args_fixed={d.first_n_args_fixed}, "
                 f"but was called with only {n} argument(s)."
             )
-        for i, a in enumerate(args):
-            if not isinstance(a, _ARRAY_TYPES):
-                raise TypeError(
-                    f"jaxbind op '{d.name}': argument {i} is a {type(a).__name__}; op arguments "
-                    "must be arrays (jax or NumPy) or scalars. Pass static values as keyword "
-                    "arguments instead."
-                )
-        if d.func_can_batch and "batch_axes" in kwargs:
-            raise TypeError(
-                f"jaxbind op '{d.name}': 'batch_axes' is reserved for ops with func_can_batch=True; "
-                "jaxbind passes it to the callbacks itself."
-            )
-        kwargs = Kwargs(kwargs, d.name)
-        if d.has_native:
-            kernel_kwargs(kwargs.values, f"op '{d.name}'")  # refuses what a kernel cannot take
         if d.kind == "linear":
             role = Role(d, 0, slot=1, n_fixed=d.first_n_args_fixed, in_sizes=(n - d.first_n_args_fixed,))
         elif d.kind == "multilinear":
@@ -75,7 +82,20 @@ class Op:
                         in_sizes=(1,) * d.n_linear_args)
         else:
             role = Role(d, 0, slot=0, n_fixed=d.first_n_args_fixed, in_sizes=())
-        return bind(args, role, kwargs)
+        entry = self._entries[n] = (role, {})
+        return entry
+
+    def _kwargs(self, values: dict) -> Kwargs:
+        d = self.definition
+        if d.func_can_batch and "batch_axes" in values:
+            raise TypeError(
+                f"jaxbind op '{d.name}': 'batch_axes' is reserved for ops with func_can_batch=True; "
+                "jaxbind passes it to the callbacks itself."
+            )
+        kwargs = Kwargs(values, d.name)
+        if d.has_native:
+            kernel_kwargs(kwargs.values, f"op '{d.name}'")  # refuses what a kernel cannot take
+        return kwargs
 
     def __eq__(self, other):
         return isinstance(other, Op) and self.definition == other.definition
@@ -88,6 +108,11 @@ class Op:
 
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, numbers.Number)
+_NO_KWARGS = Kwargs({}, "")
+
+
+def _bind_arrays(*args, role: Role, kwargs: Kwargs):
+    return bind(args, role, kwargs)
 
 
 def _callback(value, what: str, name: str):

@@ -60,14 +60,17 @@ class OpDef:
     first_n_args_fixed: int
     func_can_batch: bool
 
+    def __post_init__(self):  # parameters are hashed often while tracing: once is enough
+        object.__setattr__(self, "_hash", hash(self._key()))
+
     def _key(self):
         return (self.kind, self.families, self.first_n_args_fixed, self.func_can_batch)
 
     def __eq__(self, other):
-        return isinstance(other, OpDef) and self._key() == other._key()
+        return isinstance(other, OpDef) and (self is other or self._key() == other._key())
 
     def __hash__(self):
-        return hash(self._key())
+        return self._hash
 
     def __repr__(self):
         return self.name
@@ -99,6 +102,12 @@ class Role:
     slot: int
     n_fixed: int
     in_sizes: Tuple[int, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "_hash", hash((self.op, self.family, self.slot, self.n_fixed, self.in_sizes)))
+
+    def __hash__(self):
+        return self._hash
 
     @property
     def callback(self):

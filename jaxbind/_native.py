@@ -29,8 +29,8 @@ def get_include() -> str:
 class NativeKernel:
     """The address of a C function with the jaxbind kernel signature.
 
-    Equal (and hashed) by address, so ops built from the same kernels share
-    compiled code. ``keepalive`` holds whatever owns the code (a ctypes
+    Equal (and hashed) by address and name, so ops built from the same kernels
+    share compiled code, and an error always names the kernel the op was given. ``keepalive`` holds whatever owns the code (a ctypes
     function, a numba cfunc, a library handle) for as long as the kernel lives.
     """
 
@@ -42,10 +42,11 @@ class NativeKernel:
         self._keepalive = keepalive
 
     def __eq__(self, other):
-        return isinstance(other, NativeKernel) and self.address == other.address
+        return (isinstance(other, NativeKernel) and self.address == other.address
+                and self.__name__ == other.__name__)
 
     def __hash__(self):
-        return hash(("jaxbind-native", self.address))
+        return hash(("jaxbind-native", self.address, self.__name__))
 
     def __repr__(self):
         return f"<jaxbind native kernel {self.__name__!r} at {self.address:#x}>"
