@@ -60,6 +60,11 @@ struct Site {
   jaxbind_kernel native = nullptr;
   std::vector<NativeKwarg> native_storage;
   std::vector<jaxbind_kwarg> native_kwargs;
+  // The (args, out) tuples of views from the last call, reused while nobody
+  // else holds them (guarded by the GIL).
+  mutable PyObject* cached_in = nullptr;
+  mutable PyObject* cached_out = nullptr;
+  mutable bool cache_busy = false;
   // Batch walk (empty when the callable sees the whole arrays):
   std::vector<int64_t> batch_shape;              // the mapped levels, outermost first
   std::vector<std::vector<int64_t>> in_strides;  // bytes per level, 0 = not mapped
@@ -221,33 +226,89 @@ PyObject* MakeView(const XLA_FFI_Buffer* buf, char* data, int skip_dims,
                               writable ? NPY_ARRAY_WRITEABLE : 0, nullptr);
 }
 
+// Whether a cached view can describe `buf` from `skip` dims on: nobody else
+// holds it, and its shape, dtype, layout and writability are as made.
+bool Reusable(PyObject* view, const XLA_FFI_Buffer* buf, int skip, bool writable) {
+  auto* array = reinterpret_cast<PyArrayObject*>(view);
+  const int nd = static_cast<int>(buf->rank) - skip;
+  const unsigned code = static_cast<unsigned>(buf->dtype);
+  if (Py_REFCNT(view) != 1 || PyArray_NDIM(array) != nd || code >= kNumDtypeCodes ||
+      PyArray_DESCR(array) != g_descr[code] || !PyArray_IS_C_CONTIGUOUS(array) ||
+      PyArray_ISWRITEABLE(array) != writable) {
+    return false;
+  }
+  const npy_intp* dims = PyArray_DIMS(array);
+  for (int d = 0; d < nd; ++d) {
+    if (dims[d] != buf->dims[skip + d]) return false;
+  }
+  return true;
+}
+
+// A tuple of views of `n` buffers at byte offsets: the cached tuple re-pointed
+// when it can be, else a new one. Returns a new reference or null.
+PyObject* ViewTuple(PyObject* cached, void* const* buffers, int64_t n, const int64_t* offsets,
+                    const Site& site, int fixed_skip, bool writable) {
+  auto skip_of = [&](int64_t i) {
+    return fixed_skip >= 0 ? fixed_skip : (site.in_mapped.empty() ? 0 : site.in_mapped[i]);
+  };
+  auto data_of = [&](int64_t i) {
+    char* data = static_cast<char*>(static_cast<XLA_FFI_Buffer*>(buffers[i])->data);
+    return data != nullptr ? data + offsets[i] : nullptr;
+  };
+  bool reuse = cached != nullptr && Py_REFCNT(cached) == 1 && PyTuple_GET_SIZE(cached) == n;
+  for (int64_t i = 0; reuse && i < n; ++i) {
+    reuse = Reusable(PyTuple_GET_ITEM(cached, i), static_cast<XLA_FFI_Buffer*>(buffers[i]),
+                     skip_of(i), writable);
+  }
+  if (reuse) {
+    for (int64_t i = 0; i < n; ++i) {
+      char* data = data_of(i);
+      // The array owns nothing and nobody else sees it: moving its data
+      // pointer is the same as making a new view, without the allocation.
+      reinterpret_cast<PyArrayObject_fields*>(PyTuple_GET_ITEM(cached, i))->data =
+          data != nullptr ? data : g_empty_storage;
+    }
+    Py_INCREF(cached);
+    return cached;
+  }
+  PyObject* tuple = PyTuple_New(n);
+  for (int64_t i = 0; tuple != nullptr && i < n; ++i) {
+    PyObject* view = MakeView(static_cast<XLA_FFI_Buffer*>(buffers[i]), data_of(i), skip_of(i),
+                              writable);
+    if (view == nullptr) {
+      Py_CLEAR(tuple);
+    } else {
+      PyTuple_SET_ITEM(tuple, i, view);
+    }
+  }
+  return tuple;
+}
+
+// Whether anything besides us (and the cache) holds a tuple or one of its views.
+bool Kept(PyObject* tuple, Py_ssize_t ours) {
+  if (Py_REFCNT(tuple) != ours) return true;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); ++i) {
+    if (Py_REFCNT(PyTuple_GET_ITEM(tuple, i)) != 1) return true;
+  }
+  return false;
+}
+
 // Builds (out, args) tuples of views for one batch element and calls the site.
 // `in_offsets`/`out_offsets` are byte offsets into each buffer.
 bool CallOnce(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets,
               const int64_t* in_offsets, const int64_t* out_offsets,
               int out_skip, std::string* misuse) {
-  const int64_t n_in = args->size, n_out = rets->size;
-  PyObject* in_tuple = PyTuple_New(n_in);
-  PyObject* out_tuple = PyTuple_New(n_out);
+  const bool use_cache = !site.cache_busy;
+  PyObject* in_tuple = ViewTuple(use_cache ? site.cached_in : nullptr, args->args, args->size,
+                                 in_offsets, site, -1, /*writable=*/false);
+  PyObject* out_tuple = ViewTuple(use_cache ? site.cached_out : nullptr, rets->rets, rets->size,
+                                  out_offsets, site, out_skip, /*writable=*/true);
   bool ok = in_tuple != nullptr && out_tuple != nullptr;
-  for (int64_t i = 0; ok && i < n_in; ++i) {
-    auto* buf = static_cast<XLA_FFI_Buffer*>(args->args[i]);
-    int skip = site.in_mapped.empty() ? 0 : site.in_mapped[i];
-    char* data = static_cast<char*>(buf->data);
-    if (data != nullptr) data += in_offsets[i];
-    PyObject* view = MakeView(buf, data, skip, /*writable=*/false);
-    if (view == nullptr) ok = false; else PyTuple_SET_ITEM(in_tuple, i, view);
-  }
-  for (int64_t i = 0; ok && i < n_out; ++i) {
-    auto* buf = static_cast<XLA_FFI_Buffer*>(rets->rets[i]);
-    char* data = static_cast<char*>(buf->data);
-    if (data != nullptr) data += out_offsets[i];
-    PyObject* view = MakeView(buf, data, out_skip, /*writable=*/true);
-    if (view == nullptr) ok = false; else PyTuple_SET_ITEM(out_tuple, i, view);
-  }
   if (ok) {
+    site.cache_busy = true;  // a re-entrant or concurrent call makes its own views
     PyObject* argv[3] = {out_tuple, in_tuple, site.kwargs_dump};
     PyObject* result = PyObject_Vectorcall(site.callable, argv, 3, nullptr);
+    site.cache_busy = !use_cache;
     if (result == nullptr) {
       ok = false;
     } else if (result != Py_None) {
@@ -265,16 +326,22 @@ bool CallOnce(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* re
       Py_DECREF(result);
       // The views point into memory XLA reuses after this call. A callback
       // that kept one would later read or write freed memory: refuse it.
-      bool kept = Py_REFCNT(in_tuple) != 1 || Py_REFCNT(out_tuple) != 1;
-      for (int64_t i = 0; !kept && i < n_in; ++i) kept = Py_REFCNT(PyTuple_GET_ITEM(in_tuple, i)) != 1;
-      for (int64_t i = 0; !kept && i < n_out; ++i) kept = Py_REFCNT(PyTuple_GET_ITEM(out_tuple, i)) != 1;
-      if (kept) {
+      Py_ssize_t ours_in = 1 + (in_tuple == site.cached_in);
+      Py_ssize_t ours_out = 1 + (out_tuple == site.cached_out);
+      if (Kept(in_tuple, ours_in) || Kept(out_tuple, ours_out)) {
         *misuse = "the callback kept a reference to one of its `out` or `args` arrays "
                   "(or a view of one) after returning; these arrays view memory that "
                   "is only valid during the call: store a copy instead (np.array(x))";
         ok = false;
       }
     }
+  }
+  if (ok && use_cache) {  // keep the views for the next call
+    if (site.cached_in != in_tuple) std::swap(site.cached_in, in_tuple);
+    if (site.cached_out != out_tuple) std::swap(site.cached_out, out_tuple);
+  } else if (!ok && use_cache) {  // someone may hold them: never reuse
+    if (site.cached_in == in_tuple) Py_CLEAR(site.cached_in);
+    if (site.cached_out == out_tuple) Py_CLEAR(site.cached_out);
   }
   Py_XDECREF(in_tuple);
   Py_XDECREF(out_tuple);

@@ -291,3 +291,26 @@ def test_call_on_xla_worker_thread():
     np.testing.assert_allclose(total, np.sin(np.linspace(0, 1, 1 << 16)).sum(), rtol=1e-6)
     # the point of the test: the callback ran on a thread Python did not start
     assert threads and threading.main_thread().ident not in threads
+
+
+def test_views_reused_between_calls_stay_correct_and_guarded():
+    # The trampoline re-points the previous call's views when nobody holds
+    # them; each call still sees its own data, and keeping one is still caught.
+    kept = []
+
+    def add_index(out, args, kwargs_dump):
+        if jaxbind.load_kwargs(kwargs_dump)["keep"]:
+            kept.append(out[0])
+        out[0][...] = args[0] + np.arange(args[0].size).reshape(args[0].shape)
+
+    op = jaxbind.get_linear_call(add_index, add_index, same_shape, same_shape)
+    f = jax.jit(lambda x: op(x, keep=False)[0])
+    for shape in [(3,), (3,), (2, 2), (3,)]:  # same site, new shapes on the way
+        x = sample("float64", shape, seed=len(shape))
+        np.testing.assert_allclose(f(jnp.asarray(x)), x + np.arange(x.size).reshape(shape))
+    xs = sample("float64", (5, 3), seed=9)
+    np.testing.assert_allclose(jax.vmap(f)(jnp.asarray(xs)), xs + np.arange(3))
+    with pytest.raises(RuntimeError, match="kept a reference"):
+        jax.block_until_ready(op(jnp.ones(3), keep=True)[0])
+    kept.clear()
+    np.testing.assert_allclose(f(jnp.ones(3)), 1 + np.arange(3))
