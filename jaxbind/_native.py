@@ -141,7 +141,8 @@ def _kwarg_entry(key, value, label: str):
             raise refuse() from None
         if array.ndim != 1:
             raise refuse(f" of {array.ndim} dimensions")
-        if array.size == 0 or np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
+        if np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_ or (
+                array.size == 0 and not isinstance(value, np.ndarray)):  # [] counts as ints
             return (key, KW_INT_ARRAY, [int(v) for v in array])
         if np.issubdtype(array.dtype, np.floating):
             return (key, KW_FLOAT_ARRAY, [float(v) for v in array])
