@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import jaxbind
+from _shared import errors_in_threads
 
 LIB = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
 
@@ -654,23 +655,13 @@ def test_two_independent_native_calls_in_one_program(rand):
 def test_concurrent_native_calls_from_python_threads():
     f = jax.jit(lambda v: busy_op(v, iterations=2000)[0])
     f(np.zeros(3))
-    errors = []
+    def calls(seed):
+        for i in range(20):
+            x = np.full(3, float(seed + i))
+            np.testing.assert_allclose(f(x), busy_reference(x, 2000), rtol=1e-12, atol=1e-13)
+            np.testing.assert_allclose(jax.jit(native_scale)(x), FACTOR * x)
 
-    def worker(seed):
-        try:
-            for i in range(20):
-                x = np.full(3, float(seed + i))
-                np.testing.assert_allclose(f(x), busy_reference(x, 2000), rtol=1e-12, atol=1e-13)
-                np.testing.assert_allclose(jax.jit(native_scale)(x), FACTOR * x)
-        except Exception as err:  # reported below
-            errors.append(err)
-
-    threads = [threading.Thread(target=worker, args=(100 * t,)) for t in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert errors_in_threads(calls, 6) == []
 
 
 def test_native_kernel_runs_while_another_thread_holds_the_gil(user_lib):

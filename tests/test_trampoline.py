@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import jaxbind
+from _shared import errors_in_threads
 from jaxbind import _primitive
 
 ALL_DTYPES = [
@@ -252,22 +253,12 @@ def test_concurrent_calls_from_python_threads():
     op = jaxbind.get_nonlinear_call(square, (square, square), same_shape, same_shape)
     f = jax.jit(lambda x: op(x)[0])
     f(jnp.ones(3))
-    errors = []
+    def calls(seed):
+        for i in range(50):
+            x = jnp.full(3, float(seed + i))
+            np.testing.assert_allclose(f(x), np.full(3, float(seed + i) ** 2))
 
-    def worker(seed):
-        try:
-            for i in range(50):
-                x = jnp.full(3, float(seed + i))
-                np.testing.assert_allclose(f(x), np.full(3, float(seed + i) ** 2))
-        except Exception as err:  # reported below
-            errors.append(err)
-
-    threads = [threading.Thread(target=worker, args=(100 * t,)) for t in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert errors_in_threads(calls, 4) == []
 
 
 def test_call_on_xla_worker_thread():
