@@ -407,18 +407,19 @@ ffi::Error RunPython(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_R
   return ErrorFromPython(site);
 }
 
-// Native kernels: descriptors on the stack, no Python, no GIL.
-ffi::Error RunNative(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets) {
-  const size_t n_in = args->size, n_out = rets->size;
+// Native kernels: descriptors on the stack, no Python, no GIL. `ins` and
+// `outs` point at the XLA_FFI_Buffers of the inputs and outputs.
+ffi::Error RunNative(const Site& site, size_t n_in, void* const* ins, size_t n_out,
+                     void* const* outs) {
   const int out_skip = static_cast<int>(site.batch_shape.size());
   SmallBuffer<jaxbind_array> in(n_in), out(n_out);
   for (size_t i = 0; i < n_in; ++i) {
-    auto* buf = static_cast<XLA_FFI_Buffer*>(args->args[i]);
+    auto* buf = static_cast<XLA_FFI_Buffer*>(ins[i]);
     int skip = site.in_mapped.empty() ? 0 : site.in_mapped[i];
     in[i] = jaxbind_array{nullptr, buf->dims + skip, buf->rank - skip, buf->dtype};
   }
   for (size_t i = 0; i < n_out; ++i) {
-    auto* buf = static_cast<XLA_FFI_Buffer*>(rets->rets[i]);
+    auto* buf = static_cast<XLA_FFI_Buffer*>(outs[i]);
     out[i] = jaxbind_array{nullptr, buf->dims + out_skip, buf->rank - out_skip, buf->dtype};
   }
   char error[2048];
@@ -431,11 +432,11 @@ ffi::Error RunNative(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_R
   int code = 0;
   bool ok = WalkBatch(site, n_in, n_out, [&](const int64_t* in_off, const int64_t* out_off) {
     for (size_t i = 0; i < n_in; ++i) {
-      char* data = static_cast<char*>(static_cast<XLA_FFI_Buffer*>(args->args[i])->data);
+      char* data = static_cast<char*>(static_cast<XLA_FFI_Buffer*>(ins[i])->data);
       in[i].data = data ? data + in_off[i] : g_empty_storage;
     }
     for (size_t i = 0; i < n_out; ++i) {
-      char* data = static_cast<char*>(static_cast<XLA_FFI_Buffer*>(rets->rets[i])->data);
+      char* data = static_cast<char*>(static_cast<XLA_FFI_Buffer*>(outs[i])->data);
       out[i].data = data ? data + out_off[i] : g_empty_storage;
     }
     code = site.native(&call);
@@ -448,6 +449,29 @@ ffi::Error RunNative(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_R
                                         " without a message";
   return ErrorText(&site, "native kernel failed: " + message);
 }
+
+// The buffers of one call, copied: XLA may reuse its call frame once an
+// asynchronous handler returns, while the buffers stay valid until the
+// handler's future completes.
+struct OwnedFrame {
+  OwnedFrame(const XLA_FFI_Args* args, const XLA_FFI_Rets* rets)
+      : buffers(args->size + rets->size), dims(buffers.size()), pointers(buffers.size()) {
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      const bool is_in = i < static_cast<size_t>(args->size);
+      const auto* buf = static_cast<const XLA_FFI_Buffer*>(
+          is_in ? args->args[i] : rets->rets[i - args->size]);
+      buffers[i] = *buf;
+      dims[i].assign(buf->dims, buf->dims + buf->rank);
+      buffers[i].dims = dims[i].data();
+      pointers[i] = &buffers[i];
+    }
+    n_in = args->size;
+  }
+  std::vector<XLA_FFI_Buffer> buffers;  // inputs, then outputs
+  std::vector<std::vector<int64_t>> dims;
+  std::vector<void*> pointers;
+  size_t n_in = 0;
+};
 
 // RemainingArgs/RemainingRets keep the raw frame protected; a member pointer
 // formed through a derived class reads it without copying or decoding.
@@ -476,12 +500,50 @@ ffi::Error Dispatch(int64_t site_id, ffi::RemainingArgs args, ffi::RemainingRets
     return ErrorText(site, "internal error: the call site was registered for " +
                                std::to_string(site->in_mapped.size()) + " inputs");
   }
-  if (site->native != nullptr) return RunNative(*site, raw_args, raw_rets);
+  if (site->native != nullptr) {
+    return RunNative(*site, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets);
+  }
   if (!Py_IsInitialized()) return ErrorText(site, "the Python interpreter is not running");
   return RunPython(*site, raw_args, raw_rets);
 }
 
+// The handler for concurrent native kernels: the kernel runs on XLA's
+// thread pool, and XLA goes on with independent work until it completes.
+ffi::Future DispatchAsync(ffi::ThreadPool pool, int64_t site_id, ffi::RemainingArgs args,
+                          ffi::RemainingRets rets) {
+  // Shared, because a Promise is move-only in some versions of the FFI headers
+  // and the task that completes it must be copyable in others.
+  auto promise = std::make_shared<ffi::Promise>();
+  ffi::Future future(*promise);
+  const Site* site = LookupSite(site_id);
+  if (site == nullptr || site->native == nullptr) {
+    promise->SetError(ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                                "jaxbind: the compiled program names concurrent call site " +
+                                    std::to_string(site_id) + ", which is not registered"));
+    return future;
+  }
+  auto frame = std::make_shared<OwnedFrame>(RawFrame::Args(args), RawFrame::Rets(rets));
+  pool.Schedule([site, frame, promise]() {
+    void* const* pointers = frame->pointers.data();
+    ffi::Error error = RunNative(*site, frame->n_in, pointers,
+                                 frame->pointers.size() - frame->n_in, pointers + frame->n_in);
+    if (error.success()) {
+      promise->SetAvailable();
+    } else {
+      promise->SetError(std::move(error));
+    }
+  });
+  return future;
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxbind_dispatch_async, DispatchAsync,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Attr<int64_t>("site")
+                                  .RemainingArgs()
+                                  .RemainingRets());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxbind_dispatch, Dispatch,
                               ffi::Ffi::Bind()
@@ -496,6 +558,9 @@ NB_MODULE(_trampoline, m) {
   m.def("handler", []() {
     return nb::capsule(reinterpret_cast<void*>(&jaxbind_dispatch));
   }, "The XLA FFI handler, as a capsule for jax.ffi.register_ffi_target.");
+  m.def("async_handler", []() {
+    return nb::capsule(reinterpret_cast<void*>(&jaxbind_dispatch_async));
+  }, "The XLA FFI handler of concurrent native kernels (runs them on XLA's thread pool).");
 
   m.def("set_dtype", [](int code, nb::handle dtype) {
     if (code < 0 || code >= kNumDtypeCodes) throw nb::value_error("dtype code out of range");

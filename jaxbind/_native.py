@@ -29,44 +29,65 @@ def get_include() -> str:
 class NativeKernel:
     """The address of a C function with the jaxbind kernel signature.
 
-    Equal (and hashed) by address and name, so ops built from the same kernels
-    share compiled code, and an error always names the kernel the op was given. ``keepalive`` holds whatever owns the code (a ctypes
-    function, a numba cfunc, a library handle) for as long as the kernel lives.
+    Equal (and hashed) by address, name and mode, so ops built from the same
+    kernels share compiled code, and an error always names the kernel the op
+    was given. ``keepalive`` holds whatever owns the code (a ctypes function, a
+    numba cfunc, a library handle) for as long as the kernel lives.
+    ``concurrent`` kernels run on XLA's thread pool (see :func:`native`).
     """
 
-    __slots__ = ("address", "__name__", "_keepalive")
+    __slots__ = ("address", "__name__", "concurrent", "_keepalive")
 
-    def __init__(self, address: int, name: Optional[str] = None, keepalive=None):
+    def __init__(self, address: int, name: Optional[str] = None, keepalive=None,
+                 concurrent: bool = False):
         self.address = int(address)
         self.__name__ = name or f"native kernel at {self.address:#x}"
+        self.concurrent = bool(concurrent)
         self._keepalive = keepalive
 
+    def _key(self):
+        return (self.address, self.__name__, self.concurrent)
+
     def __eq__(self, other):
-        return (isinstance(other, NativeKernel) and self.address == other.address
-                and self.__name__ == other.__name__)
+        return isinstance(other, NativeKernel) and self._key() == other._key()
 
     def __hash__(self):
-        return hash(("jaxbind-native", self.address, self.__name__))
+        return hash(("jaxbind-native",) + self._key())
 
     def __repr__(self):
-        return f"<jaxbind native kernel {self.__name__!r} at {self.address:#x}>"
+        mode = ", concurrent" if self.concurrent else ""
+        return f"<jaxbind native kernel {self.__name__!r} at {self.address:#x}{mode}>"
 
 
-def native(address: int, *, name: Optional[str] = None, keepalive=None) -> NativeKernel:
-    """Mark an integer as the address of a jaxbind kernel (``int kernel(const jaxbind_call*)``).
+def native(kernel, *, name: Optional[str] = None, keepalive=None,
+           concurrent: bool = False) -> NativeKernel:
+    """Mark a native kernel (``int kernel(const jaxbind_call*)``) for jaxbind.
 
     Args:
-      address: the function's address, e.g. from ``ctypes.cast(fn, ctypes.c_void_p).value``.
+      kernel: the function's address as an integer (e.g. from
+        ``ctypes.cast(fn, ctypes.c_void_p).value``), or any native form jaxbind
+        accepts (a ctypes function, a numba cfunc, a PyCapsule).
       name: a name for error messages and jaxprs.
       keepalive: an object to keep alive as long as the kernel (the owner of the code).
+      concurrent: run the kernel on XLA's thread pool, so that XLA goes on with
+        independent work (other kernels included) while it runs. Worth it for
+        kernels that take tens of microseconds or more; it adds a few
+        microseconds per call. XLA runs small programs (up to 8 operations)
+        sequentially whatever the op does.
     """
-    if isinstance(address, bool) or not isinstance(address, numbers.Integral):
-        raise TypeError(f"jaxbind.native: the address must be an integer, got {type(address).__name__}.")
-    if address == 0:
+    if isinstance(kernel, (bool, np.bool_)) or not isinstance(kernel, (numbers.Integral, np.integer)):
+        found = as_kernel(kernel, "the kernel", name or "?")
+        if found is None:
+            raise TypeError(
+                f"jaxbind.native: expected an address or a native kernel, got {type(kernel).__name__}."
+            )
+        return NativeKernel(found.address, name or found.__name__, (found._keepalive, keepalive),
+                            concurrent)
+    if kernel == 0:
         raise ValueError("jaxbind.native: the address is 0 (a null function pointer).")
-    if address < 0 or address >= 1 << 64:
-        raise ValueError(f"jaxbind.native: {address} is not a valid address.")
-    return NativeKernel(address, name, keepalive)
+    if kernel < 0 or kernel >= 1 << 64:
+        raise ValueError(f"jaxbind.native: {kernel} is not a valid address.")
+    return NativeKernel(kernel, name, keepalive, concurrent)
 
 
 def _numba_cfunc_address(obj) -> Optional[int]:

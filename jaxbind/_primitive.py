@@ -480,8 +480,11 @@ batching.primitive_batchers[jaxbind_p] = _batch_rule
 # ---------------------------------------------------------------------------
 
 TARGET = "jaxbind_dispatch"
+ASYNC_TARGET = "jaxbind_dispatch_async"  # concurrent native kernels, on XLA's thread pool
 jax.ffi.register_ffi_target(TARGET, _trampoline.handler(), platform="cpu")
+jax.ffi.register_ffi_target(ASYNC_TARGET, _trampoline.async_handler(), platform="cpu")
 _ffi_lowering = jax.ffi.ffi_lowering(TARGET)
+_ffi_async_lowering = jax.ffi.ffi_lowering(ASYNC_TARGET)
 _sites: dict = {}
 
 
@@ -545,7 +548,8 @@ def site_for(role: Role, kwargs: Kwargs, batch: Batch, avals_in, avals_out) -> i
 
 def _lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
     site = site_for(role, kwargs, batch, ctx.avals_in, ctx.avals_out)
-    return _ffi_lowering(ctx, *args, site=np.int64(site))
+    concurrent = getattr(role.callback, "concurrent", False)
+    return (_ffi_async_lowering if concurrent else _ffi_lowering)(ctx, *args, site=np.int64(site))
 
 
 mlir.register_lowering(jaxbind_p, _lowering, platform="cpu")

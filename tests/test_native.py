@@ -569,7 +569,7 @@ def test_native_refuses_null_and_non_integers():
     with pytest.raises(ValueError, match="not a valid address"):
         jaxbind.native(1 << 64)
     for bad in (1.5, True, "0x1234", None):
-        with pytest.raises(TypeError, match="must be an integer"):
+        with pytest.raises(TypeError, match="expected an address or a native kernel"):
             jaxbind.native(bad)
 
 
@@ -1109,3 +1109,56 @@ def test_numba_cfunc_kernel_error(numba_scale):
     op = jaxbind.get_linear_call(numba_scale, numba_scale, like_last, like_last)
     with pytest.raises(RuntimeError, match=r"op 'numba_scale'.*numba kernel: float64 only"):
         jax.block_until_ready(jax.jit(lambda v: op(v)[0])(np.ones(3, np.float32)))
+
+
+# ---------------------------------------------------------------------------
+# Concurrent kernels: run on XLA's thread pool while XLA goes on
+# ---------------------------------------------------------------------------
+
+
+def concurrent_scale_op():
+    kernel = jaxbind.native(LIB.jb_scale, concurrent=True)
+    return jaxbind.get_linear_call(kernel, kernel, like_last, like_last)
+
+
+def test_concurrent_kernel_under_every_transformation(rng):
+    op = concurrent_scale_op()
+    x = rng.standard_normal((4, 3))
+    f = lambda v: op(v, factor=3.0)[0]  # noqa: E731
+    np.testing.assert_allclose(jax.jit(f)(x), 3 * x)
+    np.testing.assert_allclose(jax.grad(lambda v: jnp.sum(f(v) ** 2))(x), 18 * x)
+    np.testing.assert_allclose(jax.jit(jax.vmap(f, in_axes=1))(x), 3 * x.T)
+    text = jax.jit(f).lower(x).as_text()
+    assert "jaxbind_dispatch_async" in text
+
+
+def test_concurrent_kernel_error_names_the_op():
+    kernel = jaxbind.native(LIB.jb_fail, concurrent=True)
+    op = jaxbind.get_linear_call(kernel, kernel, like_last, like_last)
+    with pytest.raises(RuntimeError, match=r"op 'jb_fail'.*kernel failed on purpose \(code=5\)"):
+        jax.block_until_ready(jax.jit(lambda v: op(v, code=5)[0])(np.ones(2)))
+    np.testing.assert_allclose(jax.jit(lambda v: concurrent_scale_op()(v)[0])(np.ones(2)), 2 * np.ones(2))
+
+
+def test_concurrent_and_plain_kernels_are_different_ops():
+    plain = jaxbind.native(LIB.jb_scale)
+    concurrent = jaxbind.native(LIB.jb_scale, concurrent=True)
+    assert plain != concurrent and concurrent == jaxbind.native(LIB.jb_scale, concurrent=True)
+    assert concurrent.__name__ == "jb_scale"
+
+
+def test_independent_concurrent_chains_give_right_results():
+    # Two independent chains of calls in a program XLA runs as a dataflow graph.
+    kernel = jaxbind.native(LIB.jb_busy, concurrent=True)
+    busy = jaxbind.get_linear_call(kernel, kernel, like_last, like_last)
+
+    def chain(a):
+        for _ in range(5):
+            a = busy(a, iterations=3000)[0]
+        return a
+
+    x = np.linspace(0.0, 1.0, 1000)
+    a, b = jax.jit(lambda u, v: (chain(u), chain(v)))(x, x + 1)
+    step = np.sin(np.arange(3000.0)).sum() / 3000
+    np.testing.assert_allclose(a, x + 5 * step, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(b, x + 1 + 5 * step, rtol=1e-12, atol=1e-12)
