@@ -30,15 +30,14 @@ class Op:
 
     def __init__(self, definition: OpDef):
         self.definition = definition
-        self._entries = {}  # number of arguments -> (role, {kwargs: jitted call})
+        self._entries = {}  # number of arguments -> the role the op then plays
 
     @property
     def name(self) -> str:
         return self.definition.name
 
     def __call__(self, *args, **kwargs):
-        entry = self._entries.get(len(args)) or self._entry(len(args))
-        role, compiled = entry
+        role = self._entries.get(len(args)) or self._entry(len(args))
         for i, a in enumerate(args):
             if not isinstance(a, _ARRAY_TYPES):
                 raise TypeError(
@@ -51,9 +50,9 @@ class Op:
             return bind(args, role, kwargs)
         # Called on concrete arrays: run a cached compiled call, as jax.jit
         # would, instead of dispatching the primitive anew each time.
-        call = compiled.get(kwargs)
-        if call is None:
-            call = compiled[kwargs] = jax.jit(functools.partial(_bind_arrays, role=role, kwargs=kwargs))
+        call = _COMPILED.get((role, kwargs))
+        if call is None:  # equal ops share it
+            call = _COMPILED[role, kwargs] = jax.jit(functools.partial(_bind_arrays, role=role, kwargs=kwargs))
         return call(*args)
 
     def _entry(self, n: int):
@@ -82,8 +81,8 @@ class Op:
                         in_sizes=(1,) * d.n_linear_args)
         else:
             role = Role(d, 0, slot=0, n_fixed=d.first_n_args_fixed, in_sizes=())
-        entry = self._entries[n] = (role, {})
-        return entry
+        self._entries[n] = role
+        return role
 
     def _kwargs(self, values: dict) -> Kwargs:
         d = self.definition
@@ -109,6 +108,7 @@ class Op:
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, numbers.Number)
 _NO_KWARGS = Kwargs({}, "")
+_COMPILED = {}  # (role, kwargs) -> the jitted call that concrete arguments run
 
 
 def _bind_arrays(*args, role: Role, kwargs: Kwargs):
