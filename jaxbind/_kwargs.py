@@ -45,6 +45,9 @@ class Kwargs:
                     "change from call to call as positional arguments instead."
                 )
         try:
+            # Sorted by name, so that the order the kwargs were written in
+            # does not make a new compiled call.
+            values = dict(sorted(values.items()))
             dump = pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as err:  # pickle raises many types (TypeError, PicklingError, AttributeError)
             bad = [k for k, v in values.items() if not _picklable(v)]

@@ -162,9 +162,12 @@ def test_repeated_kwargs_values_do_not_recompile():
         np.testing.assert_allclose(op(x, factors=[2.0, 5.0])[0], 2 * np.ones(3))
     np.testing.assert_allclose(op(x, factors=np.array([4.0]))[0], 4 * np.ones(3))
     np.testing.assert_allclose(op(x, factors=np.array([4.0]))[0], 4 * np.ones(3))
+    # the order kwargs are written in does not matter either
+    np.testing.assert_allclose(op(x, factors=[3.0], tag="a")[0], 3 * np.ones(3))
+    np.testing.assert_allclose(op(x, tag="a", factors=[3.0])[0], 3 * np.ones(3))
     # one trace and one call site per distinct value, none for repeats
-    assert len(traces) == 2
-    assert len(_primitive._sites) == sites_before + 2
+    assert len(traces) == 3
+    assert len(_primitive._sites) == sites_before + 3
 
 
 def test_equal_ops_share_compiled_code():
