@@ -21,6 +21,7 @@
 #include <thread>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -106,8 +107,16 @@ int64_t PublishSite(std::unique_ptr<Site> site) {
   return id;
 }
 
-const Site* LookupSite(int64_t id) {
-  if (id < 0 || id >= g_num_sites.load(std::memory_order_acquire)) {
+// A random number of this process, compiled into every program beside the
+// site id: a program made in another process (e.g. by jax.export) names ids
+// of that process, and must be refused rather than call whatever has that id here.
+const int64_t g_session = []() {
+  std::random_device device;
+  return static_cast<int64_t>((uint64_t{device()} << 32) ^ device()) & INT64_MAX;
+}();
+
+const Site* LookupSite(int64_t session, int64_t id) {
+  if (session != g_session || id < 0 || id >= g_num_sites.load(std::memory_order_acquire)) {
     return nullptr;
   }
   Chunk* c = g_chunks[id >> kChunkBits].load(std::memory_order_acquire);
@@ -484,16 +493,20 @@ struct RawFrame : ffi::RemainingArgs, ffi::RemainingRets {
   }
 };
 
+ffi::Error UnknownSite(int64_t session, int64_t site_id) {
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                    "jaxbind: the compiled program names call site " + std::to_string(site_id) +
+                        (session == g_session ? std::string(", which is not registered")
+                                              : std::string(" of another process")) +
+                        "; programs that call jaxbind ops run only in the process that "
+                        "compiled them (trace and compile them again here)");
+}
+
 // The one XLA handler for every jaxbind op.
-ffi::Error Dispatch(int64_t site_id, ffi::RemainingArgs args, ffi::RemainingRets rets) {
-  const Site* site = LookupSite(site_id);
-  if (site == nullptr) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "jaxbind: the compiled program names call site " +
-                          std::to_string(site_id) +
-                          ", which is not registered in this process (was the "
-                          "program compiled in another process?)");
-  }
+ffi::Error Dispatch(int64_t session, int64_t site_id, ffi::RemainingArgs args,
+                    ffi::RemainingRets rets) {
+  const Site* site = LookupSite(session, site_id);
+  if (site == nullptr) return UnknownSite(session, site_id);
   const XLA_FFI_Args* raw_args = RawFrame::Args(args);
   const XLA_FFI_Rets* raw_rets = RawFrame::Rets(rets);
   if (!site->in_mapped.empty() && site->in_mapped.size() != static_cast<size_t>(raw_args->size)) {
@@ -509,17 +522,16 @@ ffi::Error Dispatch(int64_t site_id, ffi::RemainingArgs args, ffi::RemainingRets
 
 // The handler for concurrent native kernels: the kernel runs on XLA's
 // thread pool, and XLA goes on with independent work until it completes.
-ffi::Future DispatchAsync(ffi::ThreadPool pool, int64_t site_id, ffi::RemainingArgs args,
+ffi::Future DispatchAsync(ffi::ThreadPool pool, int64_t session, int64_t site_id,
+                          ffi::RemainingArgs args,
                           ffi::RemainingRets rets) {
   // Shared, because a Promise is move-only in some versions of the FFI headers
   // and the task that completes it must be copyable in others.
   auto promise = std::make_shared<ffi::Promise>();
   ffi::Future future(*promise);
-  const Site* site = LookupSite(site_id);
+  const Site* site = LookupSite(session, site_id);
   if (site == nullptr || site->native == nullptr) {
-    promise->SetError(ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                                "jaxbind: the compiled program names concurrent call site " +
-                                    std::to_string(site_id) + ", which is not registered"));
+    promise->SetError(UnknownSite(session, site_id));
     return future;
   }
   auto frame = std::make_shared<OwnedFrame>(RawFrame::Args(args), RawFrame::Rets(rets));
@@ -541,12 +553,14 @@ ffi::Future DispatchAsync(ffi::ThreadPool pool, int64_t site_id, ffi::RemainingA
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxbind_dispatch_async, DispatchAsync,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
+                                  .Attr<int64_t>("session")
                                   .Attr<int64_t>("site")
                                   .RemainingArgs()
                                   .RemainingRets());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxbind_dispatch, Dispatch,
                               ffi::Ffi::Bind()
+                                  .Attr<int64_t>("session")
                                   .Attr<int64_t>("site")
                                   .RemainingArgs()
                                   .RemainingRets());
@@ -651,6 +665,7 @@ NB_MODULE(_trampoline, m) {
   }, "The pointer a PyCapsule holds, whatever its name.");
 
   m.def("num_sites", []() { return g_num_sites.load(); }, "Number of registered call sites.");
+  m.def("session", []() { return g_session; }, "This process's token, compiled beside site ids.");
 
   // Diagnostics for bench/: the cost of each step of the per-call path, alone.
   // Each returns nanoseconds per iteration.

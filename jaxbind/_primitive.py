@@ -485,6 +485,7 @@ jax.ffi.register_ffi_target(TARGET, _trampoline.handler(), platform="cpu")
 jax.ffi.register_ffi_target(ASYNC_TARGET, _trampoline.async_handler(), platform="cpu")
 _ffi_lowering = jax.ffi.ffi_lowering(TARGET)
 _ffi_async_lowering = jax.ffi.ffi_lowering(ASYNC_TARGET)
+_SESSION = np.int64(_trampoline.session())  # compiled beside each site id
 _sites: dict = {}
 
 
@@ -549,7 +550,8 @@ def site_for(role: Role, kwargs: Kwargs, batch: Batch, avals_in, avals_out) -> i
 def _lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
     site = site_for(role, kwargs, batch, ctx.avals_in, ctx.avals_out)
     concurrent = getattr(role.callback, "concurrent", False)
-    return (_ffi_async_lowering if concurrent else _ffi_lowering)(ctx, *args, site=np.int64(site))
+    return (_ffi_async_lowering if concurrent else _ffi_lowering)(
+        ctx, *args, session=_SESSION, site=np.int64(site))
 
 
 mlir.register_lowering(jaxbind_p, _lowering, platform="cpu")

@@ -244,9 +244,16 @@ def test_callback_keeping_a_view_is_an_error():
 
 def test_unknown_call_site_is_an_error_not_a_crash():
     call = jax.ffi.ffi_call(_primitive.TARGET, jax.ShapeDtypeStruct((2,), jnp.float32))
+    session = np.int64(jaxbind._trampoline.session())
+    x = jnp.ones(2, jnp.float32)
     for bogus in (10**9, -1):
         with pytest.raises(Exception, match="not registered"):
-            jax.block_until_ready(jax.jit(lambda x: call(x, site=np.int64(bogus)))(jnp.ones(2, jnp.float32)))
+            jax.block_until_ready(jax.jit(lambda x: call(x, session=session, site=np.int64(bogus)))(x))
+    # a live site id, but compiled by "another process": refused, not called
+    copy_op(jnp.ones(2))
+    live = np.int64(jaxbind._trampoline.num_sites() - 1)
+    with pytest.raises(Exception, match="of another process"):
+        jax.block_until_ready(jax.jit(lambda x: call(x, session=session + 1, site=live))(x))
 
 
 def test_concurrent_calls_from_python_threads():
