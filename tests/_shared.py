@@ -34,3 +34,19 @@ def errors_in_threads(check, n_threads):
     for t in threads:
         t.join()
     return errors
+
+
+def sample(dtype, shape, seed=0, full_range=False):
+    """Random data of any dtype: genuinely complex for complex dtypes; integers
+    in [-100, 100] (clipped to the dtype), or over the dtype's whole range."""
+    rng = np.random.default_rng(seed)
+    dtype = jnp.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) > 0.5
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        low, high = (info.min, info.max) if full_range else (max(info.min, -100), min(info.max, 100))
+        return rng.integers(low, high, shape, dtype=dtype, endpoint=True)
+    if np.issubdtype(dtype, np.complexfloating):
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import jaxbind
-from _shared import errors_in_threads
+from _shared import errors_in_threads, sample
 
 LIB = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
 
@@ -382,22 +382,9 @@ copy_any_op = jaxbind.get_nonlinear_call(
 )
 
 
-def sample(dtype, shape, seed=0):
-    rng = np.random.default_rng(seed)
-    dtype = jnp.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.random(shape) > 0.5
-    if np.issubdtype(dtype, np.integer):
-        info = np.iinfo(dtype)
-        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
-    if np.issubdtype(dtype, np.complexfloating):
-        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
-
-
 @pytest.mark.parametrize("name", [n for n in DTYPE_CODES if _have_dtype(n)])
 def test_copy_any_every_dtype(name):
-    x = sample(name, (3, 5))
+    x = sample(name, (3, 5), full_range=True)
     y, code = jax.jit(lambda v: copy_any_op(v))(x)
     assert y.dtype == jnp.dtype(name) and y.shape == (3, 5)
     # byte for byte: no conversion on the way in or out
@@ -412,7 +399,7 @@ def test_every_non_float8_dtype_is_supported():
 
 @pytest.mark.parametrize("name", ["bool", "float16", "bfloat16", "complex128", "uint64"])
 def test_copy_any_under_vmap(name):
-    xs = sample(name, (4, 2, 3), seed=1)
+    xs = sample(name, (4, 2, 3), seed=1, full_range=True)
     y, codes = jax.vmap(lambda v: copy_any_op(v), in_axes=1)(xs)
     np.testing.assert_array_equal(np.asarray(y).view(np.uint8),
                                   np.ascontiguousarray(np.moveaxis(xs, 1, 0)).view(np.uint8))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxbind
-from _shared import errors_in_threads
+from _shared import errors_in_threads, sample
 from jaxbind import _primitive
 
 ALL_DTYPES = [
@@ -27,19 +27,6 @@ def copy_into(out, args, kwargs_dump):
 
 
 copy_op = jaxbind.get_linear_call(copy_into, copy_into, same_shape, same_shape)
-
-
-def sample(dtype, shape, seed=0):
-    rng = np.random.default_rng(seed)
-    dtype = jnp.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.random(shape) > 0.5
-    if np.issubdtype(dtype, np.integer):
-        info = np.iinfo(dtype)
-        return rng.integers(max(info.min, -100), min(info.max, 100), shape).astype(dtype)
-    if np.issubdtype(dtype, np.complexfloating):
-        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
