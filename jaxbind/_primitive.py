@@ -157,6 +157,10 @@ def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axi
         raise _bad_abstract(role, result, "got a single pair; wrap it in a tuple: ((shape, dtype),)")
     if not isinstance(result, (tuple, list)):
         raise _bad_abstract(role, result, f"got a {type(result).__name__}")
+    if not result:
+        # XLA drops a pure call whose results nobody uses: the callback would never run.
+        raise _bad_abstract(role, result, "got no outputs; an op needs at least one (XLA skips "
+                                          "pure calls whose results are not used)")
     outs = []
     for k, entry in enumerate(result):
         if not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3):

@@ -83,6 +83,7 @@ def test_non_array_arguments():
         ([("two", np.float64)], "entry 0 has no valid shape"),
         ([((2,), "not-a-dtype")], "entry 0 has no valid shape"),
         ([((-1,), np.float64)], "negative dimension"),
+        ((), "got no outputs"),
     ],
 )
 def test_abstract_returning_the_wrong_structure(returned, why):
