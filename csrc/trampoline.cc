@@ -134,8 +134,7 @@ PyArray_Descr* g_descr[kNumDtypeCodes] = {};
 // Turns (op name, exception) into the message an error carries.
 PyObject* g_format_error = nullptr;
 
-// Zero-size buffers may come with a null data pointer; NumPy would then
-// allocate. Point such views here instead.
+// Where views of zero-size buffers point (see ElementData).
 alignas(64) char g_empty_storage[64];
 
 // ---------------------------------------------------------------------------
@@ -218,7 +217,20 @@ ffi::Error ErrorText(const Site* site, const std::string& what) {
 // Array views
 // ---------------------------------------------------------------------------
 
-// A NumPy array over XLA's memory: no copy, read-only for inputs.
+// The first byte of one batch element of a buffer. Zero-size buffers may come
+// with a null data pointer, which NumPy would take as "allocate": point those
+// at a small static block instead.
+char* ElementData(void* buffer, int64_t offset) {
+  char* data = static_cast<char*>(static_cast<XLA_FFI_Buffer*>(buffer)->data);
+  return data != nullptr ? data + offset : g_empty_storage;
+}
+
+// How many leading dimensions of input `i` are batch levels the handler walks.
+int InputSkip(const Site& site, size_t i) {
+  return site.in_mapped.empty() ? 0 : site.in_mapped[i];
+}
+
+// A NumPy array over XLA's memory (`data`, never null): no copy, read-only for inputs.
 PyObject* MakeView(const XLA_FFI_Buffer* buf, char* data, int skip_dims,
                    bool writable) {
   unsigned code = static_cast<unsigned>(buf->dtype);
@@ -229,7 +241,6 @@ PyObject* MakeView(const XLA_FFI_Buffer* buf, char* data, int skip_dims,
   }
   int nd = static_cast<int>(buf->rank) - skip_dims;
   npy_intp* dims = reinterpret_cast<npy_intp*>(buf->dims + skip_dims);
-  if (data == nullptr) data = g_empty_storage;
   Py_INCREF(descr);  // stolen by the constructor
   return PyArray_NewFromDescr(&PyArray_Type, descr, nd, dims, nullptr, data,
                               writable ? NPY_ARRAY_WRITEABLE : 0, nullptr);
@@ -257,13 +268,7 @@ bool Reusable(PyObject* view, const XLA_FFI_Buffer* buf, int skip, bool writable
 // when it can be, else a new one. Returns a new reference or null.
 PyObject* ViewTuple(PyObject* cached, void* const* buffers, int64_t n, const int64_t* offsets,
                     const Site& site, int fixed_skip, bool writable) {
-  auto skip_of = [&](int64_t i) {
-    return fixed_skip >= 0 ? fixed_skip : (site.in_mapped.empty() ? 0 : site.in_mapped[i]);
-  };
-  auto data_of = [&](int64_t i) {
-    char* data = static_cast<char*>(static_cast<XLA_FFI_Buffer*>(buffers[i])->data);
-    return data != nullptr ? data + offsets[i] : nullptr;
-  };
+  auto skip_of = [&](int64_t i) { return fixed_skip >= 0 ? fixed_skip : InputSkip(site, i); };
   bool reuse = cached != nullptr && Py_REFCNT(cached) == 1 && PyTuple_GET_SIZE(cached) == n;
   for (int64_t i = 0; reuse && i < n; ++i) {
     reuse = Reusable(PyTuple_GET_ITEM(cached, i), static_cast<XLA_FFI_Buffer*>(buffers[i]),
@@ -271,19 +276,18 @@ PyObject* ViewTuple(PyObject* cached, void* const* buffers, int64_t n, const int
   }
   if (reuse) {
     for (int64_t i = 0; i < n; ++i) {
-      char* data = data_of(i);
       // The array owns nothing and nobody else sees it: moving its data
       // pointer is the same as making a new view, without the allocation.
       reinterpret_cast<PyArrayObject_fields*>(PyTuple_GET_ITEM(cached, i))->data =
-          data != nullptr ? data : g_empty_storage;
+          ElementData(buffers[i], offsets[i]);
     }
     Py_INCREF(cached);
     return cached;
   }
   PyObject* tuple = PyTuple_New(n);
   for (int64_t i = 0; tuple != nullptr && i < n; ++i) {
-    PyObject* view = MakeView(static_cast<XLA_FFI_Buffer*>(buffers[i]), data_of(i), skip_of(i),
-                              writable);
+    PyObject* view = MakeView(static_cast<XLA_FFI_Buffer*>(buffers[i]),
+                              ElementData(buffers[i], offsets[i]), skip_of(i), writable);
     if (view == nullptr) {
       Py_CLEAR(tuple);
     } else {
@@ -424,7 +428,7 @@ ffi::Error RunNative(const Site& site, size_t n_in, void* const* ins, size_t n_o
   SmallBuffer<jaxbind_array> in(n_in), out(n_out);
   for (size_t i = 0; i < n_in; ++i) {
     auto* buf = static_cast<XLA_FFI_Buffer*>(ins[i]);
-    int skip = site.in_mapped.empty() ? 0 : site.in_mapped[i];
+    int skip = InputSkip(site, i);
     in[i] = jaxbind_array{nullptr, buf->dims + skip, buf->rank - skip, buf->dtype};
   }
   for (size_t i = 0; i < n_out; ++i) {
@@ -440,14 +444,8 @@ ffi::Error RunNative(const Site& site, size_t n_in, void* const* ins, size_t n_o
                     error, static_cast<int64_t>(sizeof(error))};
   int code = 0;
   bool ok = WalkBatch(site, n_in, n_out, [&](const int64_t* in_off, const int64_t* out_off) {
-    for (size_t i = 0; i < n_in; ++i) {
-      char* data = static_cast<char*>(static_cast<XLA_FFI_Buffer*>(ins[i])->data);
-      in[i].data = data ? data + in_off[i] : g_empty_storage;
-    }
-    for (size_t i = 0; i < n_out; ++i) {
-      char* data = static_cast<char*>(static_cast<XLA_FFI_Buffer*>(outs[i])->data);
-      out[i].data = data ? data + out_off[i] : g_empty_storage;
-    }
+    for (size_t i = 0; i < n_in; ++i) in[i].data = ElementData(ins[i], in_off[i]);
+    for (size_t i = 0; i < n_out; ++i) out[i].data = ElementData(outs[i], out_off[i]);
     code = site.native(&call);
     return code == 0;
   });
