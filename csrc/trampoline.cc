@@ -15,8 +15,11 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <optional>
 #include <cstdint>
 #include <thread>
 #include <memory>
@@ -66,11 +69,13 @@ struct Site {
   mutable PyObject* cached_in = nullptr;
   mutable PyObject* cached_out = nullptr;
   mutable bool cache_busy = false;
-  // Batch walk (empty when the callable sees the whole arrays):
-  std::vector<int64_t> batch_shape;              // the mapped levels, outermost first
-  std::vector<std::vector<int64_t>> in_strides;  // bytes per level, 0 = not mapped
-  std::vector<int> in_mapped;                    // leading dims of each input that are levels
-  std::vector<std::vector<int64_t>> out_strides; // bytes per level
+  // Batch walk (levels == 0 when the callable sees the whole arrays). Only
+  // which input is mapped at which level is static: sizes and strides are
+  // read off the buffers of each call, since XLA may hand a partitioned call
+  // a piece of the batch.
+  size_t levels = 0;
+  std::vector<std::vector<char>> in_masks;  // per input, per level (outermost first)
+  std::vector<int> in_mapped;               // leading dims of each input that are levels
 };
 
 // Sites are published lock-free to XLA threads: a fixed table of chunks, each
@@ -134,6 +139,8 @@ PyArray_Descr* g_descr[kNumDtypeCodes] = {};
 // Turns (op name, exception) into the message an error carries.
 PyObject* g_format_error = nullptr;
 
+// Bytes per element for each XLA_FFI_DataType code (0 = not supported).
+int64_t g_itemsize[kNumDtypeCodes] = {};
 // Where views of zero-size buffers point (see ElementData).
 alignas(64) char g_empty_storage[64];
 
@@ -372,6 +379,7 @@ class SmallBuffer {
   }
   T* data() { return data_; }
   T& operator[](size_t i) { return data_[i]; }
+  const T& operator[](size_t i) const { return data_[i]; }
 
  private:
   static constexpr size_t kInline = 16;
@@ -380,81 +388,249 @@ class SmallBuffer {
   T* data_;
 };
 
-// Calls `call_once(in_offsets, out_offsets)` once, or once per batch element
-// with the byte offsets of that element in every buffer. Stops at a failure.
-template <typename CallOnce>
-bool WalkBatch(const Site& site, size_t n_in, size_t n_out, CallOnce&& call_once) {
-  SmallBuffer<int64_t> in_off(n_in), out_off(n_out);
-  const size_t levels = site.batch_shape.size();
-  if (levels == 0) return call_once(in_off.data(), out_off.data());
-  int64_t total = 1;
-  for (int64_t b : site.batch_shape) total *= b;
-  SmallBuffer<int64_t> index(levels);
-  for (int64_t e = 0; e < total; ++e) {
-    if (!call_once(in_off.data(), out_off.data())) return false;
-    // Advance the multi-index (innermost level fastest) and the offsets.
-    for (size_t l = levels; l-- > 0;) {
-      if (++index[l] < site.batch_shape[l]) {
-        for (size_t i = 0; i < n_in; ++i) in_off[i] += site.in_strides[i][l];
-        for (size_t i = 0; i < n_out; ++i) out_off[i] += site.out_strides[i][l];
-        break;
+// The batch of one walked call: level sizes and per-level byte strides of
+// every buffer, read off the buffers themselves.
+struct WalkPlan {
+  WalkPlan(size_t levels, size_t n_in, size_t n_out)
+      : levels(levels), n_in(n_in), n_out(n_out), sizes(levels),
+        in_strides(n_in * levels), out_strides(n_out * levels) {}
+  size_t levels, n_in, n_out;
+  int64_t total = 1;                 // number of elements
+  SmallBuffer<int64_t> sizes;        // per level
+  SmallBuffer<int64_t> in_strides;   // [input * levels + level], 0 = not mapped
+  SmallBuffer<int64_t> out_strides;  // [output * levels + level]
+};
+
+// Byte stride of dimension `dim` of a dense row-major buffer.
+int64_t DimStride(const XLA_FFI_Buffer* buf, int64_t dim) {
+  unsigned code = static_cast<unsigned>(buf->dtype);
+  int64_t stride = code < kNumDtypeCodes ? g_itemsize[code] : 0;
+  for (int64_t d = dim + 1; d < buf->rank; ++d) stride *= buf->dims[d];
+  return stride;
+}
+
+// Fills `plan` from the buffers; an error (never a walk past a buffer's end)
+// when their leading dimensions disagree with each other or with the site.
+std::string PlanWalk(const Site& site, void* const* ins, void* const* outs, WalkPlan* plan) {
+  const size_t levels = plan->levels;
+  if (plan->n_out == 0) return "internal error: a batched call without outputs";
+  // Every output carries every level in front: the sizes come from the first.
+  const auto* first = static_cast<const XLA_FFI_Buffer*>(outs[0]);
+  if (first->rank < static_cast<int64_t>(levels)) {
+    return "internal error: output 0 has fewer dimensions than batch levels";
+  }
+  for (size_t l = 0; l < levels; ++l) {
+    plan->sizes[l] = first->dims[l];
+    plan->total *= first->dims[l];
+  }
+  for (size_t j = 0; j < plan->n_out; ++j) {
+    const auto* buf = static_cast<const XLA_FFI_Buffer*>(outs[j]);
+    for (size_t l = 0; l < levels; ++l) {
+      if (buf->rank < static_cast<int64_t>(levels) || buf->dims[l] != plan->sizes[l]) {
+        return "internal error: the batch dimensions of output " + std::to_string(j) +
+               " differ from those of output 0";
       }
-      index[l] = 0;
-      for (size_t i = 0; i < n_in; ++i) in_off[i] -= site.in_strides[i][l] * (site.batch_shape[l] - 1);
-      for (size_t i = 0; i < n_out; ++i) out_off[i] -= site.out_strides[i][l] * (site.batch_shape[l] - 1);
+      plan->out_strides[j * levels + l] = DimStride(buf, l);
+    }
+  }
+  for (size_t i = 0; i < plan->n_in; ++i) {
+    const auto* buf = static_cast<const XLA_FFI_Buffer*>(ins[i]);
+    int64_t dim = 0;
+    for (size_t l = 0; l < levels; ++l) {
+      int64_t stride = 0;
+      if (site.in_masks[i][l]) {
+        if (dim >= buf->rank || buf->dims[dim] != plan->sizes[l]) {
+          return "internal error: the batch dimensions of input " + std::to_string(i) +
+                 " differ from those of the outputs";
+        }
+        stride = DimStride(buf, dim++);
+      }
+      plan->in_strides[i * levels + l] = stride;
+    }
+  }
+  return std::string();
+}
+
+// Calls `call_once(in_offsets, out_offsets)` for the elements [begin, end) of
+// a walk, with the byte offsets of each element in every buffer (innermost
+// level fastest); once with zero offsets when nothing is batched. Stops at a
+// failure.
+template <typename CallOnce>
+bool WalkRange(const WalkPlan& plan, int64_t begin, int64_t end, CallOnce&& call_once) {
+  const size_t levels = plan.levels, n_in = plan.n_in, n_out = plan.n_out;
+  SmallBuffer<int64_t> in_off(n_in), out_off(n_out);
+  if (levels == 0) return call_once(in_off.data(), out_off.data());
+  SmallBuffer<int64_t> index(levels);
+  for (int64_t rest = begin, l = static_cast<int64_t>(levels) - 1; l >= 0; --l) {
+    index[l] = rest % plan.sizes[l];
+    rest /= plan.sizes[l];
+    for (size_t i = 0; i < n_in; ++i) in_off[i] += index[l] * plan.in_strides[i * levels + l];
+    for (size_t j = 0; j < n_out; ++j) out_off[j] += index[l] * plan.out_strides[j * levels + l];
+  }
+  for (int64_t e = begin; e < end; ++e) {
+    if (!call_once(in_off.data(), out_off.data())) return false;
+    for (size_t l = levels; l-- > 0;) {
+      const int64_t back = ++index[l] < plan.sizes[l] ? 1 : -(plan.sizes[l] - 1);
+      if (back < 0) index[l] = 0;
+      for (size_t i = 0; i < n_in; ++i) in_off[i] += back * plan.in_strides[i * levels + l];
+      for (size_t j = 0; j < n_out; ++j) out_off[j] += back * plan.out_strides[j * levels + l];
+      if (back > 0) break;
     }
   }
   return true;
 }
 
 ffi::Error RunPython(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets) {
-  const int out_skip = static_cast<int>(site.batch_shape.size());
+  WalkPlan plan(site.levels, args->size, rets->size);
+  if (site.levels != 0) {
+    std::string bad = PlanWalk(site, args->args, rets->rets, &plan);
+    if (!bad.empty()) return ErrorText(&site, bad);
+  }
+  const int out_skip = static_cast<int>(site.levels);
   GilHold gil;
   std::string misuse;
-  bool ok = WalkBatch(site, args->size, rets->size,
-                      [&](const int64_t* in_off, const int64_t* out_off) {
-                        return CallOnce(site, args, rets, in_off, out_off, out_skip, &misuse);
-                      });
+  bool ok = WalkRange(plan, 0, plan.total, [&](const int64_t* in_off, const int64_t* out_off) {
+    return CallOnce(site, args, rets, in_off, out_off, out_skip, &misuse);
+  });
   if (ok) return ffi::Error::Success();
   if (!misuse.empty()) return ErrorText(&site, misuse);
   return ErrorFromPython(site);
 }
 
-// Native kernels: descriptors on the stack, no Python, no GIL. `ins` and
-// `outs` point at the XLA_FFI_Buffers of the inputs and outputs.
+// Runs a native kernel over elements of a walk: descriptors on the stack, no
+// Python, no GIL. One runner per thread (it owns the descriptors and the
+// error buffer the kernel writes).
+class NativeRunner {
+ public:
+  NativeRunner(const Site& site, const WalkPlan& plan, void* const* ins, void* const* outs)
+      : site_(site), plan_(plan), ins_(ins), outs_(outs), in_(plan.n_in), out_(plan.n_out) {
+    const int64_t out_skip = static_cast<int64_t>(site.levels);
+    for (size_t i = 0; i < plan.n_in; ++i) {
+      auto* buf = static_cast<XLA_FFI_Buffer*>(ins[i]);
+      int skip = InputSkip(site, i);
+      in_[i] = jaxbind_array{nullptr, buf->dims + skip, buf->rank - skip, buf->dtype};
+    }
+    for (size_t j = 0; j < plan.n_out; ++j) {
+      auto* buf = static_cast<XLA_FFI_Buffer*>(outs[j]);
+      out_[j] = jaxbind_array{nullptr, buf->dims + out_skip, buf->rank - out_skip, buf->dtype};
+    }
+    error_[0] = '\0';
+    call_ = jaxbind_call{static_cast<int64_t>(sizeof(jaxbind_call)), JAXBIND_ABI_VERSION,
+                         static_cast<int64_t>(plan.n_out), out_.data(),
+                         static_cast<int64_t>(plan.n_in), in_.data(),
+                         static_cast<int64_t>(site.native_kwargs.size()),
+                         site.native_kwargs.data(), error_, static_cast<int64_t>(sizeof(error_))};
+  }
+  NativeRunner(const NativeRunner&) = delete;
+  NativeRunner& operator=(const NativeRunner&) = delete;
+
+  // Elements [begin, end); false when the kernel failed (see Message).
+  bool Run(int64_t begin, int64_t end) {
+    return WalkRange(plan_, begin, end, [&](const int64_t* in_off, const int64_t* out_off) {
+      for (size_t i = 0; i < plan_.n_in; ++i) in_[i].data = ElementData(ins_[i], in_off[i]);
+      for (size_t j = 0; j < plan_.n_out; ++j) out_[j].data = ElementData(outs_[j], out_off[j]);
+      code_ = site_.native(&call_);
+      return code_ == 0;
+    });
+  }
+
+  std::string Message() {
+    error_[sizeof(error_) - 1] = '\0';
+    return "native kernel failed: " +
+           (error_[0] ? std::string(error_)
+                      : "the native kernel returned " + std::to_string(code_) + " without a message");
+  }
+
+ private:
+  const Site& site_;
+  const WalkPlan& plan_;
+  void* const* ins_;
+  void* const* outs_;
+  SmallBuffer<jaxbind_array> in_, out_;
+  char error_[2048];
+  jaxbind_call call_;
+  int code_ = 0;
+};
+
+// Spreading a walk over XLA's thread pool pays only for elements that take
+// longer than waking a thread (tens of microseconds on this kind of machine):
+// the first element is timed, and the rest is split only when it is long.
+constexpr double kParallelMinNs = 100e3;  // the rest of the walk, at least
+constexpr double kChunkMinNs = 25e3;      // one chunk of elements, at least
+
+// The elements [1, total) of a walk split into chunks that the calling thread
+// and helpers on the pool claim one at a time. The caller waits only for
+// chunks a thread has claimed, so it never depends on a helper being
+// scheduled at all; a helper that starts late finds nothing to claim and
+// touches nothing but this object, which it co-owns.
+struct ParallelWalk {
+  const Site* site;
+  const WalkPlan* plan;
+  void* const* ins;
+  void* const* outs;
+  int64_t chunk = 1, n_chunks = 0;
+  std::atomic<int64_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mutex;
+  std::condition_variable all_done;
+  int64_t done = 0;   // guarded by mutex
+  std::string error;  // the first failure, guarded by mutex
+
+  void Work() {
+    std::optional<NativeRunner> runner;  // made once this thread has a chunk
+    for (int64_t c; (c = next.fetch_add(1)) < n_chunks;) {
+      bool ok = true;
+      if (!failed.load(std::memory_order_relaxed)) {
+        if (!runner) runner.emplace(*site, *plan, ins, outs);
+        ok = runner->Run(1 + c * chunk, std::min(plan->total, 1 + (c + 1) * chunk));
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!ok && !failed.exchange(true)) error = runner->Message();
+      if (++done == n_chunks) all_done.notify_all();
+    }
+  }
+};
+
+// A native kernel over a whole call (every element of a walk). With a pool,
+// a long walk is spread over XLA's intra-op threads: kernels are reentrant
+// by contract, and each element writes its own part of the outputs.
 ffi::Error RunNative(const Site& site, size_t n_in, void* const* ins, size_t n_out,
-                     void* const* outs) {
-  const int out_skip = static_cast<int>(site.batch_shape.size());
-  SmallBuffer<jaxbind_array> in(n_in), out(n_out);
-  for (size_t i = 0; i < n_in; ++i) {
-    auto* buf = static_cast<XLA_FFI_Buffer*>(ins[i]);
-    int skip = InputSkip(site, i);
-    in[i] = jaxbind_array{nullptr, buf->dims + skip, buf->rank - skip, buf->dtype};
+                     void* const* outs, ffi::ThreadPool* pool) {
+  WalkPlan plan(site.levels, n_in, n_out);
+  if (site.levels != 0) {
+    std::string bad = PlanWalk(site, ins, outs, &plan);
+    if (!bad.empty()) return ErrorText(&site, bad);
   }
-  for (size_t i = 0; i < n_out; ++i) {
-    auto* buf = static_cast<XLA_FFI_Buffer*>(outs[i]);
-    out[i] = jaxbind_array{nullptr, buf->dims + out_skip, buf->rank - out_skip, buf->dtype};
+  NativeRunner runner(site, plan, ins, outs);
+  if (pool == nullptr || plan.total < 2) {
+    return runner.Run(0, plan.total) ? ffi::Error::Success() : ErrorText(&site, runner.Message());
   }
-  char error[2048];
-  error[0] = '\0';
-  jaxbind_call call{static_cast<int64_t>(sizeof(jaxbind_call)), JAXBIND_ABI_VERSION,
-                    static_cast<int64_t>(n_out), out.data(),
-                    static_cast<int64_t>(n_in), in.data(),
-                    static_cast<int64_t>(site.native_kwargs.size()), site.native_kwargs.data(),
-                    error, static_cast<int64_t>(sizeof(error))};
-  int code = 0;
-  bool ok = WalkBatch(site, n_in, n_out, [&](const int64_t* in_off, const int64_t* out_off) {
-    for (size_t i = 0; i < n_in; ++i) in[i].data = ElementData(ins[i], in_off[i]);
-    for (size_t i = 0; i < n_out; ++i) out[i].data = ElementData(outs[i], out_off[i]);
-    code = site.native(&call);
-    return code == 0;
-  });
-  if (ok) return ffi::Error::Success();
-  error[sizeof(error) - 1] = '\0';
-  std::string message = error[0] ? std::string(error)
-                                  : "the native kernel returned " + std::to_string(code) +
-                                        " without a message";
-  return ErrorText(&site, "native kernel failed: " + message);
+  const auto start = std::chrono::steady_clock::now();
+  if (!runner.Run(0, 1)) return ErrorText(&site, runner.Message());
+  const double element_ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+  const int64_t rest = plan.total - 1;
+  const int64_t threads = pool->num_threads();
+  if (threads < 1 || element_ns * rest < kParallelMinNs) {
+    return runner.Run(1, plan.total) ? ffi::Error::Success() : ErrorText(&site, runner.Message());
+  }
+  auto walk = std::make_shared<ParallelWalk>();
+  walk->site = &site;
+  walk->plan = &plan;
+  walk->ins = ins;
+  walk->outs = outs;
+  // Several chunks per thread balance uneven elements; none shorter than kChunkMinNs.
+  const int64_t by_time = static_cast<int64_t>(kChunkMinNs / std::max(element_ns, 1.0)) + 1;
+  const int64_t by_balance = (rest + 4 * (threads + 1) - 1) / (4 * (threads + 1));
+  walk->chunk = std::max<int64_t>(1, std::max(by_time, by_balance));
+  walk->n_chunks = (rest + walk->chunk - 1) / walk->chunk;
+  const int64_t helpers = std::min(threads, walk->n_chunks - 1);
+  for (int64_t h = 0; h < helpers; ++h) pool->Schedule([walk]() { walk->Work(); });
+  walk->Work();
+  std::unique_lock<std::mutex> lock(walk->mutex);
+  walk->all_done.wait(lock, [&]() { return walk->done == walk->n_chunks; });
+  if (walk->failed.load()) return ErrorText(&site, walk->error);
+  return ffi::Error::Success();
 }
 
 // The buffers of one call, copied: XLA may reuse its call frame once an
@@ -501,18 +677,18 @@ ffi::Error UnknownSite(int64_t session, int64_t site_id) {
 }
 
 // The one XLA handler for every jaxbind op.
-ffi::Error Dispatch(int64_t session, int64_t site_id, ffi::RemainingArgs args,
-                    ffi::RemainingRets rets) {
+ffi::Error Dispatch(ffi::ThreadPool pool, int64_t session, int64_t site_id,
+                    ffi::RemainingArgs args, ffi::RemainingRets rets) {
   const Site* site = LookupSite(session, site_id);
   if (site == nullptr) return UnknownSite(session, site_id);
   const XLA_FFI_Args* raw_args = RawFrame::Args(args);
   const XLA_FFI_Rets* raw_rets = RawFrame::Rets(rets);
-  if (!site->in_mapped.empty() && site->in_mapped.size() != static_cast<size_t>(raw_args->size)) {
+  if (site->levels != 0 && site->in_masks.size() != static_cast<size_t>(raw_args->size)) {
     return ErrorText(site, "internal error: the call site was registered for " +
-                               std::to_string(site->in_mapped.size()) + " inputs");
+                               std::to_string(site->in_masks.size()) + " inputs");
   }
   if (site->native != nullptr) {
-    return RunNative(*site, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets);
+    return RunNative(*site, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets, &pool);
   }
   if (!Py_IsInitialized()) return ErrorText(site, "the Python interpreter is not running");
   return RunPython(*site, raw_args, raw_rets);
@@ -536,7 +712,8 @@ ffi::Future DispatchAsync(ffi::ThreadPool pool, int64_t session, int64_t site_id
   pool.Schedule([site, frame, promise]() {
     void* const* pointers = frame->pointers.data();
     ffi::Error error = RunNative(*site, frame->n_in, pointers,
-                                 frame->pointers.size() - frame->n_in, pointers + frame->n_in);
+                                 frame->pointers.size() - frame->n_in, pointers + frame->n_in,
+                                 /*pool=*/nullptr);
     if (error.success()) {
       promise->SetAvailable();
     } else {
@@ -558,6 +735,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxbind_dispatch_async, DispatchAsync,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxbind_dispatch, Dispatch,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Attr<int64_t>("session")
                                   .Attr<int64_t>("site")
                                   .RemainingArgs()
@@ -580,6 +758,7 @@ NB_MODULE(_trampoline, m) {
     if (!PyArray_DescrConverter(dtype.ptr(), &descr)) throw nb::python_error();
     PyArray_Descr* old = g_descr[code];
     g_descr[code] = descr;  // keeps the new reference
+    g_itemsize[code] = PyDataType_ELSIZE(descr);
     Py_XDECREF(old);
   }, nb::arg("code"), nb::arg("dtype"), "Map an XLA FFI dtype code to a NumPy dtype.");
 
@@ -591,8 +770,7 @@ NB_MODULE(_trampoline, m) {
 
   m.def("register_site",
         [](std::string name, nb::handle callable, nb::bytes kwargs_dump,
-           std::vector<int64_t> batch_shape, std::vector<std::vector<int64_t>> in_strides,
-           std::vector<int> in_mapped, std::vector<std::vector<int64_t>> out_strides,
+           size_t levels, std::vector<std::vector<int>> in_masks,
            uintptr_t native_address, nb::list native_kwargs) {
           auto site = std::make_unique<Site>();
           site->name = std::move(name);
@@ -643,15 +821,17 @@ NB_MODULE(_trampoline, m) {
             Py_INCREF(kwargs_dump.ptr());
             site->kwargs_dump = kwargs_dump.ptr();
           }
-          site->batch_shape = std::move(batch_shape);
-          site->in_strides = std::move(in_strides);
-          site->in_mapped = std::move(in_mapped);
-          site->out_strides = std::move(out_strides);
+          site->levels = levels;
+          for (const auto& mask : in_masks) {
+            if (mask.size() != levels) throw nb::value_error("a batch mask per level expected");
+            site->in_masks.emplace_back(mask.begin(), mask.end());
+            site->in_mapped.push_back(static_cast<int>(levels - std::count(mask.begin(), mask.end(), 0)));
+          }
           return PublishSite(std::move(site));
         },
         nb::arg("name"), nb::arg("callable").none(), nb::arg("kwargs_dump"),
-        nb::arg("batch_shape"), nb::arg("in_strides"), nb::arg("in_mapped"),
-        nb::arg("out_strides"), nb::arg("native_address"), nb::arg("native_kwargs"),
+        nb::arg("levels"), nb::arg("in_masks"), nb::arg("native_address"),
+        nb::arg("native_kwargs"),
         "Register a call site (a Python callable, or a native kernel when "
         "native_address is not 0); returns the id the compiled program carries.");
 

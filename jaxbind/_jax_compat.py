@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
@@ -11,8 +13,117 @@ except ImportError:  # pragma: no cover - older layouts
     from jax.interpreters.xla import apply_primitive  # type: ignore[attr-defined,no-redef]
 
 import jax
+from jax._src import core as _core
 
 # The abstract value of an array or tracer: jax.typeof from 0.6 on.
 get_aval = getattr(jax, "typeof", None) or jax.core.get_aval
 
-__all__ = ["Primitive", "ad", "apply_primitive", "batching", "get_aval", "mlir"]
+# ---------------------------------------------------------------------------
+# Varying manual axes (shard_map's check_vma types)
+# ---------------------------------------------------------------------------
+# Inside shard_map a type says over which manual mesh axes a value varies. The
+# field moved: `aval.vma` (jax 0.6 to 0.9), `aval.manual_axis_type.varying`
+# (jax 0.10 on); jax 0.5 has no such types.
+
+_SHAPED_PARAMS = inspect.signature(_core.ShapedArray.__new__).parameters
+if "manual_axis_type" in _SHAPED_PARAMS:
+    def varying_axes(aval) -> frozenset:
+        mat = getattr(aval, "manual_axis_type", None)
+        return mat.varying if mat is not None else frozenset()
+
+    def _vma_params(vma):
+        return {"manual_axis_type": _core.ManualAxisType(varying=vma)} if vma else {}
+elif "vma" in _SHAPED_PARAMS:  # pragma: no cover - jax 0.6 to 0.9
+    def varying_axes(aval) -> frozenset:
+        return getattr(aval, "vma", frozenset())
+
+    def _vma_params(vma):
+        return {"vma": frozenset(vma)}
+else:  # pragma: no cover - jax 0.5
+    def varying_axes(aval) -> frozenset:
+        return frozenset()
+
+    def _vma_params(vma):
+        return {}
+
+# The cast of a value to varying over more manual axes (its transpose is a psum).
+_pvary = getattr(_core, "pvary", None) or getattr(jax.lax, "pvary", None)
+_cur_mesh_sharding = getattr(_core, "get_cur_mesh_sharding", None)
+
+
+def cast_to_common_vma(args):
+    """Cast each array to vary over the union of the arrays' varying manual axes.
+
+    Outside shard_map (or with check_vma off) this changes nothing. Inside, a
+    primitive's inputs must agree, as for JAX's own primitives: a replicated
+    input combined with a varying one is first cast to varying, whose
+    transpose sums the cotangent over the devices, so gradients stay right.
+    """
+    vmas = [varying_axes(get_aval(a)) for a in args]
+    union = frozenset().union(*vmas)
+    if not union or _pvary is None:
+        return list(args)
+    return [a if vma == union else _pvary(a, tuple(sorted(union - vma, key=str)))
+            for a, vma in zip(args, vmas)]
+
+
+def shaped_array(shape, dtype, vma=frozenset(), spec=None):
+    """An array type on the current mesh, varying over ``vma``, sharded as ``spec``.
+
+    ``spec`` (a PartitionSpec, only meaningful for explicit mesh axes) defaults
+    to unsharded.
+    """
+    if _cur_mesh_sharding is None:  # pragma: no cover - jax 0.5
+        return _core.ShapedArray(shape, dtype)
+    sharding = _cur_mesh_sharding(spec if spec is not None else jax.sharding.PartitionSpec())
+    return _core.ShapedArray(shape, dtype, sharding=sharding, **_vma_params(frozenset(vma)))
+
+
+# ---------------------------------------------------------------------------
+# Batch partitioning of a custom call
+# ---------------------------------------------------------------------------
+# A target registered as batch partitionable may be split by XLA along the
+# leading `num_batch_dims` dimensions of all its operands and results (a
+# frontend attribute of the call); the Shardy partitioner also needs the
+# matching sharding rule on the call. Both exist from jax 0.5.1 on; without
+# them calls stay whole (XLA gathers their inputs), which is still correct.
+
+_register_partitionable = getattr(jax.ffi, "register_ffi_target_as_batch_partitionable", None)
+try:
+    from jax._src.custom_partitioning_sharding_rule import (
+        sdy_sharding_rule_to_mlir as _sdy_rule_to_mlir, str_to_sdy_sharding_rule as _sdy_rule,
+    )
+except ImportError:  # pragma: no cover - older jax
+    _sdy_rule = None
+
+
+if len(inspect.signature(mlir.aval_to_ir_type).parameters) == 2:  # (module context, aval)
+    def _ir_type(ctx, aval):
+        return mlir.aval_to_ir_type(ctx.module_context, aval)
+else:  # pragma: no cover - older jax
+    def _ir_type(ctx, aval):
+        return mlir.aval_to_ir_type(aval)
+
+
+def register_batch_partitionable(target: str) -> bool:
+    if _register_partitionable is None:  # pragma: no cover - older jax
+        return False
+    _register_partitionable(target)
+    return True
+
+
+def batch_partitioning_attributes(ctx, levels: int) -> dict:
+    """The custom-call attributes that let XLA split a call along ``levels`` leading dims."""
+    attributes = {"mhlo.frontend_attributes": mlir.ir_attribute({"num_batch_dims": str(levels)})}
+    if _sdy_rule is not None and jax.config.jax_use_shardy_partitioner:
+        letters = iter(f"d{k}" for k in range(10**6))
+        side = lambda avals: ", ".join(  # noqa: E731
+            " ".join(["..."] + [next(letters) for _ in a.shape[levels:]]) for a in avals)
+        rule = _sdy_rule(f"{side(ctx.avals_in)} -> {side(ctx.avals_out)}")
+        types = lambda avals: [_ir_type(ctx, a) for a in avals]  # noqa: E731
+        attributes["sdy.sharding_rule"] = _sdy_rule_to_mlir(rule, types(ctx.avals_in), types(ctx.avals_out))
+    return attributes
+
+
+__all__ = ["Primitive", "ad", "apply_primitive", "batching", "cast_to_common_vma", "get_aval",
+           "mlir", "shaped_array", "varying_axes"]

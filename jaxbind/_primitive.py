@@ -20,7 +20,10 @@ import numpy as np
 
 from . import _trampoline
 from ._definition import JaxbindError, Role
-from ._jax_compat import Primitive, ad, apply_primitive, batching, get_aval, mlir
+from ._jax_compat import (
+    Primitive, ad, apply_primitive, batch_partitioning_attributes, batching, cast_to_common_vma,
+    get_aval, mlir, register_batch_partitionable, shaped_array, varying_axes,
+)
 from ._kwargs import Kwargs
 from ._native import NativeKernel, kernel_kwargs
 
@@ -77,7 +80,9 @@ jaxbind_p.def_impl(functools.partial(apply_primitive, jaxbind_p))
 
 
 def bind(args, role: Role, kwargs: Kwargs, batch: Batch = None):
-    return jaxbind_p.bind(*args, role=role, kwargs=kwargs, batch=batch)
+    # Inside shard_map the inputs must vary over the same manual axes (see
+    # cast_to_common_vma): every bind, the rules' included, goes through here.
+    return jaxbind_p.bind(*cast_to_common_vma(args), role=role, kwargs=kwargs, batch=batch)
 
 
 # ---------------------------------------------------------------------------
@@ -206,16 +211,18 @@ def _walk_batch_shape(shapes, batch: WalkBatch):
 def _abstract_eval(*avals, role: Role, kwargs: Kwargs, batch: Batch):
     for i, aval in enumerate(avals):
         _check_dtype(aval.dtype, role, f"argument {i}")
+    # Outputs vary over the manual axes their inputs vary over (bind made them agree).
+    vma = frozenset().union(*map(varying_axes, avals))
     if isinstance(batch, WalkBatch):
         core = [
             jax.ShapeDtypeStruct(a.shape[sum(m):], a.dtype) for a, m in zip(avals, batch.masks)
         ]
         prefix = _walk_batch_shape([a.shape for a in avals], batch)
         outs = call_abstract(role, core, kwargs)
-        return [jax.core.ShapedArray(prefix + shape, dtype) for shape, dtype, _ in outs]
+        return [shaped_array(prefix + shape, dtype, vma) for shape, dtype, _ in outs]
     axes = batch.in_axes if isinstance(batch, NativeBatch) else None
     outs = call_abstract(role, _structs(avals), kwargs, batch_axes=axes)
-    return [jax.core.ShapedArray(shape, dtype) for shape, dtype, _ in outs]
+    return [shaped_array(shape, dtype, vma) for shape, dtype, _ in outs]
 
 
 jaxbind_p.def_abstract_eval(_abstract_eval)
@@ -486,6 +493,7 @@ batching.primitive_batchers[jaxbind_p] = _batch_rule
 TARGET = "jaxbind_dispatch"
 ASYNC_TARGET = "jaxbind_dispatch_async"  # concurrent native kernels, on XLA's thread pool
 jax.ffi.register_ffi_target(TARGET, _trampoline.handler(), platform="cpu")
+register_batch_partitionable(TARGET)
 jax.ffi.register_ffi_target(ASYNC_TARGET, _trampoline.async_handler(), platform="cpu")
 _ffi_lowering = jax.ffi.ffi_lowering(TARGET)
 _ffi_async_lowering = jax.ffi.ffi_lowering(ASYNC_TARGET)
@@ -505,42 +513,16 @@ def format_callback_error(label: str, exc: BaseException) -> str:
 _trampoline.set_error_formatter(format_callback_error)
 
 
-def _contiguous_strides(shape, itemsize):
-    strides, step = [], itemsize
-    for d in reversed(shape):
-        strides.append(step)
-        step *= d
-    return strides[::-1]
-
-
-def _walk_layout(batch: WalkBatch, avals_in, avals_out):
-    """Byte strides of each array per batch level (0 where not mapped)."""
-    levels = batch.levels
-    in_strides, in_mapped = [], []
-    for aval, mask in zip(avals_in, batch.masks):
-        mapped = sum(mask)
-        per_dim = _contiguous_strides(aval.shape, aval.dtype.itemsize)
-        it = iter(per_dim[:mapped])
-        in_strides.append([next(it) if m else 0 for m in mask])
-        in_mapped.append(mapped)
-    out_strides = [_contiguous_strides(a.shape, a.dtype.itemsize)[:levels] for a in avals_out]
-    shape = list(_walk_batch_shape([a.shape for a in avals_in], batch))
-    return shape, in_strides, in_mapped, out_strides
-
-
-def site_for(role: Role, kwargs: Kwargs, batch: Batch, avals_in, avals_out) -> int:
+def site_for(role: Role, kwargs: Kwargs, batch: Batch, avals_in) -> int:
     """The registry id of the call site, registered on first use."""
-    shapes = None
-    if isinstance(batch, WalkBatch):
-        shapes = tuple((a.shape, a.dtype) for a in avals_in)
-    key = (role.callback, role.label, kwargs, batch, shapes)
+    key = (role.callback, role.label, kwargs, batch)
     site = _sites.get(key)
     if site is None:
         callback, can_batch = role.callback, role.op.func_can_batch
         batch_axes = batch.in_axes if isinstance(batch, NativeBatch) else None
-        layout = ([], [], [], [])
-        if isinstance(batch, WalkBatch):
-            layout = _walk_layout(batch, avals_in, avals_out)
+        # The handler reads batch sizes off the buffers: only which input is
+        # mapped at which level is compiled in.
+        layout = (batch.levels, [list(map(int, m)) for m in batch.masks]) if isinstance(batch, WalkBatch) else (0, [])
         if isinstance(callback, NativeKernel):
             entries = kernel_kwargs(kwargs.values, role.label, batch_axes, len(avals_in), can_batch)
             site = _trampoline.register_site(role.label, None, b"", *layout, callback.address, entries)
@@ -551,11 +533,28 @@ def site_for(role: Role, kwargs: Kwargs, batch: Batch, avals_in, avals_out) -> i
     return site
 
 
+def partitionable_levels(batch: Batch) -> int:
+    """How many leading dimensions XLA may split across devices (0: none).
+
+    A walked call whose every input is mapped at every level is a batch of
+    independent elements along the leading dimensions of all its arrays: any
+    device can run any slice of it. Other calls see whole arrays.
+    """
+    if isinstance(batch, WalkBatch) and batch.levels and all(all(m) for m in batch.masks):
+        return batch.levels
+    return 0
+
+
 def _lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
-    site = site_for(role, kwargs, batch, ctx.avals_in, ctx.avals_out)
-    concurrent = getattr(role.callback, "concurrent", False)
-    return (_ffi_async_lowering if concurrent else _ffi_lowering)(
-        ctx, *args, session=_SESSION, site=np.int64(site))
+    site = site_for(role, kwargs, batch, ctx.avals_in)
+    attributes = dict(session=_SESSION, site=np.int64(site))
+    if getattr(role.callback, "concurrent", False):
+        return _ffi_async_lowering(ctx, *args, **attributes)
+    levels = partitionable_levels(batch)
+    if not levels:
+        return _ffi_lowering(ctx, *args, **attributes)
+    extra = batch_partitioning_attributes(ctx, levels)
+    return jax.ffi.ffi_lowering(TARGET, extra_attributes=extra)(ctx, *args, **attributes)
 
 
 mlir.register_lowering(jaxbind_p, _lowering, platform="cpu")
