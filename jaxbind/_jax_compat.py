@@ -67,15 +67,34 @@ def cast_to_common_vma(args):
             for a, vma in zip(args, vmas)]
 
 
-def shaped_array(shape, dtype, vma=frozenset(), spec=None):
-    """An array type on the current mesh, varying over ``vma``, sharded as ``spec``.
+def sharding_spec(aval) -> tuple:
+    """The mesh axes each dimension of an array type is sharded over (explicit axes only)."""
+    spec = tuple(getattr(getattr(aval, "sharding", None), "spec", None) or ())
+    return spec + (None,) * (len(aval.shape) - len(spec))
 
-    ``spec`` (a PartitionSpec, only meaningful for explicit mesh axes) defaults
-    to unsharded.
+
+def reshard_like(x, aval):
+    """``x`` resharded to the explicit sharding of ``aval`` (a cotangent to its primal's)."""
+    want = sharding_spec(aval)
+    if want == sharding_spec(get_aval(x)) or not hasattr(jax.sharding, "reshard"):
+        return x
+    return jax.sharding.reshard(x, jax.sharding.PartitionSpec(*want))
+
+
+def shaped_array(shape, dtype, like=None, vma=frozenset(), spec=()):
+    """An array type varying over ``vma``, on the mesh of ``like`` (an input's type).
+
+    ``spec`` gives the sharding of its leading dimensions (it matters only for
+    explicit mesh axes); the other dimensions are unsharded.
     """
     if _cur_mesh_sharding is None:  # pragma: no cover - jax 0.5
         return _core.ShapedArray(shape, dtype)
-    sharding = _cur_mesh_sharding(spec if spec is not None else jax.sharding.PartitionSpec())
+    full = jax.sharding.PartitionSpec(*spec, *([None] * (len(shape) - len(spec))))
+    mesh = getattr(getattr(like, "sharding", None), "mesh", None)
+    if mesh is None or mesh.empty:
+        sharding = _cur_mesh_sharding(full)
+    else:
+        sharding = jax.sharding.NamedSharding(mesh, full)
     return _core.ShapedArray(shape, dtype, sharding=sharding, **_vma_params(frozenset(vma)))
 
 
@@ -125,5 +144,8 @@ def batch_partitioning_attributes(ctx, levels: int) -> dict:
     return attributes
 
 
-__all__ = ["Primitive", "ad", "apply_primitive", "batching", "cast_to_common_vma", "get_aval",
-           "mlir", "shaped_array", "varying_axes"]
+__all__ = [
+    "Primitive", "ad", "apply_primitive", "batch_partitioning_attributes", "batching",
+    "cast_to_common_vma", "get_aval", "mlir", "register_batch_partitionable", "reshard_like", "shaped_array",
+    "sharding_spec", "varying_axes",
+]

@@ -22,7 +22,7 @@ from . import _trampoline
 from ._definition import JaxbindError, Role
 from ._jax_compat import (
     Primitive, ad, apply_primitive, batch_partitioning_attributes, batching, cast_to_common_vma,
-    get_aval, mlir, register_batch_partitionable, shaped_array, varying_axes,
+    get_aval, mlir, register_batch_partitionable, reshard_like, shaped_array, sharding_spec, varying_axes,
 )
 from ._kwargs import Kwargs
 from ._native import NativeKernel, kernel_kwargs
@@ -211,18 +211,31 @@ def _walk_batch_shape(shapes, batch: WalkBatch):
 def _abstract_eval(*avals, role: Role, kwargs: Kwargs, batch: Batch):
     for i, aval in enumerate(avals):
         _check_dtype(aval.dtype, role, f"argument {i}")
-    # Outputs vary over the manual axes their inputs vary over (bind made them agree).
-    vma = frozenset().union(*map(varying_axes, avals))
+    # Outputs vary over the manual axes their inputs vary over (bind made them
+    # agree); a partitioned batch keeps its sharding, other outputs are whole.
+    typed = functools.partial(shaped_array, like=avals[0] if avals else None,
+                              vma=frozenset().union(*map(varying_axes, avals)),
+                              spec=_batch_spec(avals, partitionable_levels(batch)))
     if isinstance(batch, WalkBatch):
         core = [
             jax.ShapeDtypeStruct(a.shape[sum(m):], a.dtype) for a, m in zip(avals, batch.masks)
         ]
         prefix = _walk_batch_shape([a.shape for a in avals], batch)
         outs = call_abstract(role, core, kwargs)
-        return [shaped_array(prefix + shape, dtype, vma) for shape, dtype, _ in outs]
+        return [typed(prefix + shape, dtype) for shape, dtype, _ in outs]
     axes = batch.in_axes if isinstance(batch, NativeBatch) else None
     outs = call_abstract(role, _structs(avals), kwargs, batch_axes=axes)
-    return [shaped_array(shape, dtype, vma) for shape, dtype, _ in outs]
+    return [typed(shape, dtype) for shape, dtype, _ in outs]
+
+
+def _batch_spec(avals, levels: int) -> tuple:
+    """The sharding of the leading ``levels`` dims of a partitioned call's outputs.
+
+    XLA splits all operands alike along those dims; the first input sharded
+    there says how (the others are resharded to match).
+    """
+    specs = [sharding_spec(a)[:levels] for a in avals]
+    return next((s for s in specs if any(e is not None for e in s)), ())
 
 
 jaxbind_p.def_abstract_eval(_abstract_eval)
@@ -385,6 +398,7 @@ def _as_cotangent(result, aval, role: Role, index: int):
     primal's dtype: a real primal of a complex-valued map gets the real part,
     other dtypes are converted, as JAX does for its own casts.
     """
+    result = reshard_like(result, aval)  # a whole (gathered) result of a sharded primal
     if result.dtype == aval.dtype:
         return result
     if jnp.iscomplexobj(result) and not jnp.issubdtype(aval.dtype, jnp.complexfloating):
