@@ -4,6 +4,7 @@
  */
 #include <complex.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "jaxbind.h"
@@ -195,3 +196,23 @@ EXPORT int jb_double(const jaxbind_call *call) {
 
 /* Does nothing (benchmarks: the pure overhead). */
 EXPORT int jb_empty(const jaxbind_call *call) { (void)call; return 0; }
+
+/* The parallel walk (tests): about `iterations` (kwarg, default 20000) of busy work, then
+ * out[0] = in[0] (float64) and out[1] = an id of the thread that ran it (int64 scalar).
+ * Fails, naming the value, when in[0][0] < kwarg "fail_below" (default: never). */
+EXPORT int jb_busy_thread(const jaxbind_call *call) {
+  if (check_counts(call, 1, 2)) return 1;
+  if (call->in[0].dtype != JAXBIND_FLOAT64 || call->out[0].dtype != JAXBIND_FLOAT64 ||
+      call->out[1].dtype != JAXBIND_INT64 || call->out[1].rank != 0)
+    return jaxbind_fail(call, "jb_busy_thread: float64 in, (float64, int64 scalar) out");
+  const int64_t iterations = jaxbind_kwarg_int(call, "iterations", 20000);
+  const double fail_below = jaxbind_kwarg_float(call, "fail_below", -HUGE_VAL);
+  volatile double acc = 0.0;
+  for (int64_t k = 0; k < iterations; ++k) acc += sin((double)k);
+  const double *x = call->in[0].data; double *y = call->out[0].data;
+  const int64_t n = jaxbind_size(&call->in[0]);
+  if (n > 0 && x[0] < fail_below) return jaxbind_fail(call, "element %g is below %g", x[0], fail_below);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i];
+  *(int64_t *)call->out[1].data = (int64_t)(uintptr_t)pthread_self();
+  return 0;
+}

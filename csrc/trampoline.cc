@@ -558,7 +558,7 @@ class NativeRunner {
 constexpr double kParallelMinNs = 100e3;  // the rest of the walk, at least
 constexpr double kChunkMinNs = 25e3;      // one chunk of elements, at least
 
-// The elements [1, total) of a walk split into chunks that the calling thread
+// The elements [first, total) of a walk split into chunks that the calling thread
 // and helpers on the pool claim one at a time. The caller waits only for
 // chunks a thread has claimed, so it never depends on a helper being
 // scheduled at all; a helper that starts late finds nothing to claim and
@@ -568,7 +568,7 @@ struct ParallelWalk {
   const WalkPlan* plan;
   void* const* ins;
   void* const* outs;
-  int64_t chunk = 1, n_chunks = 0;
+  int64_t first = 0, chunk = 1, n_chunks = 0;  // chunk c: [first + c chunk, first + (c+1) chunk)
   std::atomic<int64_t> next{0};
   std::atomic<bool> failed{false};
   std::mutex mutex;
@@ -582,7 +582,7 @@ struct ParallelWalk {
       bool ok = true;
       if (!failed.load(std::memory_order_relaxed)) {
         if (!runner) runner.emplace(*site, *plan, ins, outs);
-        ok = runner->Run(1 + c * chunk, std::min(plan->total, 1 + (c + 1) * chunk));
+        ok = runner->Run(first + c * chunk, std::min(plan->total, first + (c + 1) * chunk));
       }
       std::lock_guard<std::mutex> lock(mutex);
       if (!ok && !failed.exchange(true)) error = runner->Message();
@@ -605,20 +605,28 @@ ffi::Error RunNative(const Site& site, size_t n_in, void* const* ins, size_t n_o
   if (pool == nullptr || plan.total < 2) {
     return runner.Run(0, plan.total) ? ffi::Error::Success() : ErrorText(&site, runner.Message());
   }
-  const auto start = std::chrono::steady_clock::now();
-  if (!runner.Run(0, 1)) return ErrorText(&site, runner.Message());
-  const double element_ns =
-      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
-  const int64_t rest = plan.total - 1;
+  // The first element may be slow for reasons of its own (cold caches, a first
+  // touch of the kernel's code): time the second one too and go by the faster.
+  double element_ns = 0.0;
+  for (int64_t e = 0; e < 2; ++e) {
+    const auto start = std::chrono::steady_clock::now();
+    if (!runner.Run(e, e + 1)) return ErrorText(&site, runner.Message());
+    const double ns =
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+    element_ns = e == 0 ? ns : std::min(element_ns, ns);
+  }
+  const int64_t first = 2, rest = plan.total - first;
+  if (rest <= 0) return ffi::Error::Success();
   const int64_t threads = pool->num_threads();
   if (threads < 1 || element_ns * rest < kParallelMinNs) {
-    return runner.Run(1, plan.total) ? ffi::Error::Success() : ErrorText(&site, runner.Message());
+    return runner.Run(first, plan.total) ? ffi::Error::Success() : ErrorText(&site, runner.Message());
   }
   auto walk = std::make_shared<ParallelWalk>();
   walk->site = &site;
   walk->plan = &plan;
   walk->ins = ins;
   walk->outs = outs;
+  walk->first = first;
   // Several chunks per thread balance uneven elements; none shorter than kChunkMinNs.
   const int64_t by_time = static_cast<int64_t>(kChunkMinNs / std::max(element_ns, 1.0)) + 1;
   const int64_t by_balance = (rest + 4 * (threads + 1) - 1) / (4 * (threads + 1));

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
@@ -134,8 +135,8 @@ def register_batch_partitionable(target: str) -> bool:
 def batch_partitioning_attributes(ctx, levels: int) -> dict:
     """The custom-call attributes that let XLA split a call along ``levels`` leading dims."""
     attributes = {"mhlo.frontend_attributes": mlir.ir_attribute({"num_batch_dims": str(levels)})}
-    if _sdy_rule is not None and jax.config.jax_use_shardy_partitioner:
-        letters = iter(f"d{k}" for k in range(10**6))
+    if _sdy_rule is not None and getattr(jax.config, "jax_use_shardy_partitioner", False):
+        letters = (f"d{k}" for k in itertools.count())  # a factor per non-batch dimension
         side = lambda avals: ", ".join(  # noqa: E731
             " ".join(["..."] + [next(letters) for _ in a.shape[levels:]]) for a in avals)
         rule = _sdy_rule(f"{side(ctx.avals_in)} -> {side(ctx.avals_out)}")

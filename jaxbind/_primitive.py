@@ -507,10 +507,12 @@ batching.primitive_batchers[jaxbind_p] = _batch_rule
 TARGET = "jaxbind_dispatch"
 ASYNC_TARGET = "jaxbind_dispatch_async"  # concurrent native kernels, on XLA's thread pool
 jax.ffi.register_ffi_target(TARGET, _trampoline.handler(), platform="cpu")
-register_batch_partitionable(TARGET)
 jax.ffi.register_ffi_target(ASYNC_TARGET, _trampoline.async_handler(), platform="cpu")
-_ffi_lowering = jax.ffi.ffi_lowering(TARGET)
-_ffi_async_lowering = jax.ffi.ffi_lowering(ASYNC_TARGET)
+# XLA may split a call that carries `num_batch_dims` (see partitionable_levels);
+# a call without it is never split.
+for _target in (TARGET, ASYNC_TARGET):
+    register_batch_partitionable(_target)
+_ffi_lowerings = {target: jax.ffi.ffi_lowering(target) for target in (TARGET, ASYNC_TARGET)}
 _SESSION = np.int64(_trampoline.session())  # compiled beside each site id
 _sites: dict = {}
 
@@ -561,14 +563,11 @@ def partitionable_levels(batch: Batch) -> int:
 
 def _lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
     site = site_for(role, kwargs, batch, ctx.avals_in)
-    attributes = dict(session=_SESSION, site=np.int64(site))
-    if getattr(role.callback, "concurrent", False):
-        return _ffi_async_lowering(ctx, *args, **attributes)
+    target = ASYNC_TARGET if getattr(role.callback, "concurrent", False) else TARGET
     levels = partitionable_levels(batch)
-    if not levels:
-        return _ffi_lowering(ctx, *args, **attributes)
-    extra = batch_partitioning_attributes(ctx, levels)
-    return jax.ffi.ffi_lowering(TARGET, extra_attributes=extra)(ctx, *args, **attributes)
+    rule = _ffi_lowerings[target] if not levels else jax.ffi.ffi_lowering(
+        target, extra_attributes=batch_partitioning_attributes(ctx, levels))
+    return rule(ctx, *args, session=_SESSION, site=np.int64(site))
 
 
 mlir.register_lowering(jaxbind_p, _lowering, platform="cpu")

@@ -347,6 +347,18 @@ def _partitioned_native():
     compare(g, 12.5 * x)
 
 
+@case("partition/concurrent_native_kernel")
+def _partitioned_concurrent():
+    m, x = _sharded_batch()
+    kernel = jaxbind.native(LIB.jb_scale, concurrent=True)
+    op = jaxbind.get_linear_call(kernel, kernel, _like_last, _like_last)
+    f = jax.jit(jax.vmap(lambda r: op(r, factor=-1.5)[0]))
+    assert "all-gather" not in f.lower(x).compile().as_text()
+    y = f(x)
+    assert y.sharding.spec[0] == "d"
+    compare(y, -1.5 * x)
+
+
 @case("partition/uneven_batch_stays_correct")
 def _partitioned_uneven():
     m = mesh("1d")
