@@ -460,6 +460,7 @@ bool WalkRange(const WalkPlan& plan, int64_t begin, int64_t end, CallOnce&& call
   const size_t levels = plan.levels, n_in = plan.n_in, n_out = plan.n_out;
   SmallBuffer<int64_t> in_off(n_in), out_off(n_out);
   if (levels == 0) return call_once(in_off.data(), out_off.data());
+  if (begin >= end) return true;  // (an empty batch has levels of size 0)
   SmallBuffer<int64_t> index(levels);
   for (int64_t rest = begin, l = static_cast<int64_t>(levels) - 1; l >= 0; --l) {
     index[l] = rest % plan.sizes[l];

@@ -1,4 +1,5 @@
-"""A vmapped native kernel spreads its batch over XLA's intra-op threads.
+"""Batch walks: a vmapped native kernel spreads its batch over XLA's intra-op threads; empty
+batches call nothing.
 
 The walk times its first element and splits the rest into chunks only when it is long, so
 these tests use a kernel of ~0.2 ms per element (``jb_busy_thread``), which also reports the
@@ -62,3 +63,23 @@ def test_a_failing_element_in_a_parallel_walk_is_an_error_naming_the_op():
     # The op stays usable afterwards.
     y, _ = walk(jnp.asarray(np.abs(x)), iterations=20000, fail_below=0.0)
     np.testing.assert_array_equal(y, np.abs(x))
+
+
+def _python_copy(out, args, kwargs_dump):
+    np.copyto(out[0], args[0])
+
+
+def _like(x, **kwargs):
+    return ((x.shape, x.dtype),)
+
+
+python_copy = jaxbind.get_linear_call(_python_copy, _python_copy, _like, _like)
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (2, 0, 3), (0, 0, 1)])
+def test_empty_batches_call_nothing(shape):
+    x = jnp.zeros(shape)
+    nested = lambda f: jax.vmap(f) if len(shape) == 2 else jax.vmap(jax.vmap(f))  # noqa: E731
+    y, threads = jax.jit(nested(lambda r: busy_thread(r, fail_below=1.0)))(x)  # would fail if called
+    assert y.shape == shape and threads.shape == shape[:-1]
+    assert jax.jit(nested(lambda r: python_copy(r)[0]))(x).shape == shape
