@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import numbers
-from typing import Callable, Sequence, Tuple, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import jax
 import numpy as np
@@ -47,7 +47,7 @@ class Op:
                 )
         kwargs = self._kwargs(kwargs) if kwargs else _NO_KWARGS
         if any(isinstance(a, jax.core.Tracer) for a in args):
-            return bind(args, role, kwargs)
+            return _bind_arrays(*args, role=role, kwargs=kwargs)
         # Called on concrete arrays: run a cached compiled call, as jax.jit
         # would, instead of dispatching the primitive anew each time.
         call = _COMPILED.get((role, kwargs))
@@ -112,7 +112,11 @@ _COMPILED = {}  # (role, kwargs) -> the jitted call that concrete arguments run
 
 
 def _bind_arrays(*args, role: Role, kwargs: Kwargs):
-    return bind(args, role, kwargs)
+    # The scope puts the op's name into the compiled program's op metadata
+    # (op_name "jit(f)/<name>/jaxbind"), which is what profilers and XLA dumps
+    # show; JAX carries it through jvp, transpose and vmap.
+    with jax.named_scope(role.op.name):
+        return bind(args, role, kwargs)
 
 
 def _callback(value, what: str, name: str):
@@ -131,6 +135,17 @@ def _callback(value, what: str, name: str):
 def _check_callable(value, what: str, name: str):
     if not callable(value):
         raise TypeError(f"jaxbind op '{name}': {what} must be callable, got {type(value).__name__}.")
+
+
+def _named_callback(f, name):
+    """``f`` as a callback, and the op's name: ``name`` when given, else the name of ``f``."""
+    if name is None:
+        f = _callback(f, "f", _name_of(f))
+        return f, _name_of(f)
+    if not isinstance(name, str) or not name.strip():
+        error = TypeError if not isinstance(name, str) else ValueError
+        raise error(f"jaxbind op '{_name_of(f)}': name must be a non-empty string, got {name!r:.100}.")
+    return _callback(f, "f", name), name
 
 
 def _check_flags(name: str, first_n_args_fixed, func_can_batch):
@@ -154,6 +169,7 @@ def get_linear_call(
     *,
     first_n_args_fixed: int = 0,
     func_can_batch: bool = False,
+    name: Optional[str] = None,
 ) -> Op:
     """Create a JAX op from a linear (or multilinear) function and its transpose(s).
 
@@ -176,12 +192,14 @@ def get_linear_call(
       func_can_batch: the callbacks handle batching themselves; they and the
         abstracts receive ``batch_axes`` (a tuple per input of its batch axes,
         or None) in their kwargs.
+      name: the op's name in errors, jaxprs and the compiled program's metadata
+        (default: the name of ``f``). Ops that differ only in name are different
+        ops.
 
     Returns:
       The op: ``op(*args, **kwargs)`` returns the list of outputs.
     """
-    f = _callback(f, "f", _name_of(f))
-    name = _name_of(f)
+    f, name = _named_callback(f, name)
     _check_callable(abstract, "abstract", name)
     first_n_args_fixed, func_can_batch = _check_flags(name, first_n_args_fixed, func_can_batch)
     if isinstance(f_T, (tuple, list)):
@@ -227,6 +245,7 @@ def get_nonlinear_call(
     *,
     first_n_args_fixed: int = 0,
     func_can_batch: bool = False,
+    name: Optional[str] = None,
 ) -> Op:
     """Create a JAX op from a nonlinear function with its jvp and vjp.
 
@@ -242,16 +261,17 @@ def get_nonlinear_call(
       first_n_args_fixed: the first arguments are not differentiated.
       func_can_batch: the callbacks handle batching themselves (see
         ``get_linear_call``).
+      name: the op's name in errors, jaxprs and the compiled program's metadata
+        (default: the name of ``f``).
 
     Returns:
       The op: ``op(*args, **kwargs)`` returns the list of outputs. Derivatives
       are first order only.
     """
-    f = _callback(f, "f", _name_of(f))
-    name = _name_of(f)
+    f, name = _named_callback(f, name)
     _check_callable(abstract, "abstract", name)
-    _check_callable(abstract_reverse, "abstract_reverse", name)
     first_n_args_fixed, func_can_batch = _check_flags(name, first_n_args_fixed, func_can_batch)
+    _check_callable(abstract_reverse, "abstract_reverse", name)
     if not isinstance(f_derivative, (tuple, list)) or len(f_derivative) != 2:
         raise TypeError(
             f"jaxbind op '{name}': f_derivative must be a pair (f_jvp, f_vjp), got {f_derivative!r:.100}."

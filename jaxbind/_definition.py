@@ -50,8 +50,9 @@ class Family:
 class OpDef:
     """Everything the user passed when creating an op.
 
-    Two definitions built from the same functions and flags are equal, so ops
-    share compiled code.
+    Two definitions built from the same functions, flags and name are equal, so
+    ops share compiled code. The name is part of the key because errors and
+    compiled programs carry it: an op must never run under another's name.
     """
 
     kind: str  # "linear", "multilinear" or "nonlinear"
@@ -64,7 +65,7 @@ class OpDef:
         object.__setattr__(self, "_hash", hash(self._key()))
 
     def _key(self):
-        return (self.kind, self.families, self.first_n_args_fixed, self.func_can_batch)
+        return (self.kind, self.name, self.families, self.first_n_args_fixed, self.func_can_batch)
 
     def __eq__(self, other):
         return isinstance(other, OpDef) and (self is other or self._key() == other._key())

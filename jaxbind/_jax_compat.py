@@ -15,4 +15,22 @@ import jax
 # The abstract value of an array or tracer: jax.typeof from 0.6 on.
 get_aval = getattr(jax, "typeof", None) or jax.core.get_aval
 
-__all__ = ["Primitive", "ad", "apply_primitive", "batching", "get_aval", "mlir"]
+
+
+def set_frontend_attribute(results, key: str, value: str):
+    """Attach ``key = value`` to the frontend attributes of the op that made ``results``.
+
+    XLA keeps frontend attributes through compilation (``frontend_attributes=``
+    in the compiled HLO), so they name the op in lowered and compiled programs.
+    Returns ``results``.
+    """
+    op = results[0].owner
+    attrs = {}
+    if "mhlo.frontend_attributes" in op.attributes:  # keep those JAX set (set_xla_metadata)
+        attrs = {a.name: a.attr for a in op.attributes["mhlo.frontend_attributes"]}
+    attrs[key] = mlir.ir.StringAttr.get(value)
+    op.attributes["mhlo.frontend_attributes"] = mlir.ir.DictAttr.get(attrs)
+    return results
+
+
+__all__ = ["Primitive", "ad", "apply_primitive", "batching", "get_aval", "mlir", "set_frontend_attribute"]

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _trampoline
 from ._definition import JaxbindError, Role
-from ._jax_compat import Primitive, ad, apply_primitive, batching, get_aval, mlir
+from ._jax_compat import Primitive, ad, apply_primitive, batching, get_aval, mlir, set_frontend_attribute
 from ._kwargs import Kwargs
 from ._native import NativeKernel, kernel_kwargs
 
@@ -554,8 +554,9 @@ def site_for(role: Role, kwargs: Kwargs, batch: Batch, avals_in, avals_out) -> i
 def _lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
     site = site_for(role, kwargs, batch, ctx.avals_in, ctx.avals_out)
     concurrent = getattr(role.callback, "concurrent", False)
-    return (_ffi_async_lowering if concurrent else _ffi_lowering)(
+    results = (_ffi_async_lowering if concurrent else _ffi_lowering)(
         ctx, *args, session=_SESSION, site=np.int64(site))
+    return set_frontend_attribute(results, "jaxbind_op", role.op.name)  # the name in the HLO
 
 
 mlir.register_lowering(jaxbind_p, _lowering, platform="cpu")
