@@ -238,10 +238,10 @@ def get_linear_call(
 
 def get_nonlinear_call(
     f: Callable,
-    f_derivative: Tuple[Callable, Callable],
+    f_derivative: Optional[Tuple[Callable, Callable]],
     /,
     abstract: Callable,
-    abstract_reverse: Callable,
+    abstract_reverse: Optional[Callable],
     *,
     first_n_args_fixed: int = 0,
     func_can_batch: bool = False,
@@ -254,7 +254,10 @@ def get_nonlinear_call(
       f_derivative: ``(f_jvp, f_vjp)``. ``f_jvp`` receives ``(*primals, *tangents
         of the differentiable arguments)`` and writes the output tangents;
         ``f_vjp`` receives ``(*primals, *output cotangents)`` and writes the
-        cotangents of the differentiable arguments.
+        cotangents of the differentiable arguments. ``None`` makes an op without
+        derivatives (``abstract_reverse`` is then None too): it jits and vmaps,
+        and differentiating it is an error; give it derivatives with
+        ``jax.custom_jvp``, ``jax.custom_vjp`` or ``jax.lax.custom_root``.
       abstract: output shapes and dtypes of ``f`` and of ``f_jvp`` (it is called
         with the arguments of each).
       abstract_reverse: output shapes and dtypes of ``f_vjp``, from its arguments.
@@ -271,14 +274,33 @@ def get_nonlinear_call(
     f, name = _named_callback(f, name)
     _check_callable(abstract, "abstract", name)
     first_n_args_fixed, func_can_batch = _check_flags(name, first_n_args_fixed, func_can_batch)
-    _check_callable(abstract_reverse, "abstract_reverse", name)
+    forward = Family(callbacks=(f,), abstracts=(abstract,), labels=(FORWARD,), linear=False)
+    if f_derivative is None:
+        if abstract_reverse is not None:
+            raise TypeError(
+                f"jaxbind op '{name}': f_derivative is None (an op without derivatives) but "
+                "abstract_reverse is given; pass None for both, or give f_derivative=(f_jvp, f_vjp)."
+            )
+        return Op(OpDef("nonlinear", name, (forward,), first_n_args_fixed, func_can_batch))
     if not isinstance(f_derivative, (tuple, list)) or len(f_derivative) != 2:
         raise TypeError(
-            f"jaxbind op '{name}': f_derivative must be a pair (f_jvp, f_vjp), got {f_derivative!r:.100}."
+            f"jaxbind op '{name}': f_derivative must be a pair (f_jvp, f_vjp), or None for an op "
+            f"without derivatives, got {f_derivative!r:.100}."
         )
+    if any(d is None for d in f_derivative):
+        missing = "f_jvp" if f_derivative[0] is None else "f_vjp"
+        raise TypeError(
+            f"jaxbind op '{name}': {missing} in f_derivative is None; give both f_jvp and f_vjp, "
+            "or pass f_derivative=None (and abstract_reverse=None) for an op without derivatives."
+        )
+    if abstract_reverse is None:
+        raise TypeError(
+            f"jaxbind op '{name}': abstract_reverse is None but f_derivative is given; it "
+            "describes the outputs of f_vjp. (Pass None for both for an op without derivatives.)"
+        )
+    _check_callable(abstract_reverse, "abstract_reverse", name)
     f_jvp = _callback(f_derivative[0], "f_jvp (f_derivative[0])", name)
     f_vjp = _callback(f_derivative[1], "f_vjp (f_derivative[1])", name)
-    forward = Family(callbacks=(f,), abstracts=(abstract,), labels=(FORWARD,), linear=False)
     derivative = Family(
         callbacks=(f_vjp, f_jvp), abstracts=(abstract_reverse, abstract),
         labels=("vjp callback", "jvp callback"), linear=True,

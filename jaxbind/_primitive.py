@@ -269,6 +269,8 @@ def _jvp_rule(primals, tangents, *, role: Role, kwargs: Kwargs, batch: Batch):
             term = bind(args, role, kwargs, batch)
             tangent_out = term if tangent_out is None else [a + b for a, b in zip(tangent_out, term)]
     elif any(type(t) is not ad.Zero for t in tangents[role.n_fixed:]):
+        if not role.op.has_derivatives:
+            raise role.op.no_derivatives_error("its jvp (as jvp, grad, vjp and the jacobians do)")
         # The derivative family of a nonlinear op: f_jvp(*primals, *tangents).
         n, n_fixed = len(primals), role.n_fixed
         jvp_role = Role(role.op, family=1, slot=1, n_fixed=n, in_sizes=(n - n_fixed,))
@@ -307,6 +309,8 @@ def _regroup(role: Role, new_slot: int, fixed, inputs, outputs):
 
 
 def _transpose_rule(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
+    if not role.op.has_derivatives:
+        raise role.op.no_derivatives_error("its linear transpose")
     if not role.linear:  # JAX transposes only what our jvp rule emitted
         raise JaxbindError(f"jaxbind {role.label}: cannot transpose a nonlinear callback")
     for i in range(role.n_fixed):
