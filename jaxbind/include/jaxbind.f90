@@ -10,9 +10,11 @@
 !       type(jaxbind_call), intent(in) :: call
 !
 ! and is bound from Python exactly like a C kernel (ctypes.CDLL(...).my_kernel).
-! Compile this file once with your kernels (the .mod file goes where -J says):
+! Compile this file with the same compiler as your kernels, into a folder of
+! your own (-J: where the .mod file goes), and link the two:
 !
-!     gfortran -O2 -fPIC -c "$(python -c 'import jaxbind; print(jaxbind.get_include())')/jaxbind.f90" -J build -o build/jaxbind.o
+!     INC=$(python -c "import jaxbind; print(jaxbind.get_include())")
+!     gfortran -O2 -fPIC -c "$INC/jaxbind.f90" -J build -o build/jaxbind.o
 !     gfortran -O2 -fPIC -shared -I build kernels.f90 build/jaxbind.o -o libkernels.so
 !
 ! From C to Fortran:
@@ -23,12 +25,13 @@
 !     shape reversed; ins(1)%shape points at the rank dimensions in C order.
 !   - jaxbind_fail(call, message) takes a Fortran string (trailing blanks are
 !     dropped, so a blank-padded buffer written with `write` works).
-!   - jaxbind_kwarg_int and jaxbind_kwarg_float take the fallback in any of the
+!   - jaxbind_kwarg_int and jaxbind_kwarg_float take the fallback in either of the
 !     two usual kinds (int32 or int64; float32 or float64) and return int64 and
 !     double values.
 !
 ! The layout matches jaxbind.h field for field: int64_t is integer(c_int64_t),
-! double is real(c_double), pointers are type(c_ptr).
+! double is real(c_double), pointers are type(c_ptr). This is ABI version 1;
+! like the header, later versions only append fields and codes.
 module jaxbind
   use, intrinsic :: iso_c_binding, only: c_char, c_double, c_f_pointer, c_float, c_int, c_int32_t, &
                                          c_int64_t, c_null_char, c_ptr, c_associated
