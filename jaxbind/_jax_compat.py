@@ -16,7 +16,6 @@ import jax
 get_aval = getattr(jax, "typeof", None) or jax.core.get_aval
 
 
-
 def set_frontend_attribute(results, key: str, value: str):
     """Attach ``key = value`` to the frontend attributes of the op that made ``results``.
 
@@ -26,7 +25,7 @@ def set_frontend_attribute(results, key: str, value: str):
     """
     op = results[0].owner
     attrs = {}
-    if "mhlo.frontend_attributes" in op.attributes:  # keep those JAX set (set_xla_metadata)
+    if "mhlo.frontend_attributes" in op.attributes:  # keep any already there
         attrs = {a.name: a.attr for a in op.attributes["mhlo.frontend_attributes"]}
     attrs[key] = mlir.ir.StringAttr.get(value)
     op.attributes["mhlo.frontend_attributes"] = mlir.ir.DictAttr.get(attrs)
