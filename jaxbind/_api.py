@@ -288,10 +288,11 @@ def get_nonlinear_call(
             f"without derivatives, got {f_derivative!r:.100}."
         )
     if any(d is None for d in f_derivative):
-        missing = "f_jvp" if f_derivative[0] is None else "f_vjp"
+        missing = "f_jvp (f_derivative[0])" if f_derivative[0] is None else "f_vjp (f_derivative[1])"
         raise TypeError(
-            f"jaxbind op '{name}': {missing} in f_derivative is None; give both f_jvp and f_vjp, "
-            "or pass f_derivative=None (and abstract_reverse=None) for an op without derivatives."
+            f"jaxbind op '{name}': {missing} must be a Python callable or a native kernel, got None. "
+            "Give both f_jvp and f_vjp, or pass f_derivative=None (and abstract_reverse=None) for an "
+            "op without derivatives."
         )
     if abstract_reverse is None:
         raise TypeError(
