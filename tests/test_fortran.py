@@ -351,8 +351,8 @@ def call_directly(kernel, error_size):
     buffer = ctypes.create_string_buffer(max(error_size, 1))
     call = CallMirror(ctypes.sizeof(CallMirror), 1, 0, None, 0, None, 0, None,
                       ctypes.cast(buffer, ctypes.c_void_p) if error_size >= 0 else None, max(error_size, 0))
-    kernel.argtypes = [ctypes.POINTER(CallMirror)]
-    return kernel(ctypes.byref(call)), buffer.raw
+    typed = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(CallMirror))(ctypes.cast(kernel, ctypes.c_void_p).value)
+    return typed(ctypes.byref(call)), buffer.raw
 
 
 def test_fail_writes_the_error_buffer_as_the_c_helper_does(flib):
