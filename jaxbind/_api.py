@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import numbers
-from typing import Callable, Sequence, Tuple, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import jax
 import numpy as np
@@ -47,7 +47,7 @@ class Op:
                 )
         kwargs = self._kwargs(kwargs) if kwargs else _NO_KWARGS
         if any(isinstance(a, jax.core.Tracer) for a in args):
-            return bind(args, role, kwargs)
+            return _bind_arrays(*args, role=role, kwargs=kwargs)
         # Called on concrete arrays: run a cached compiled call, as jax.jit
         # would, instead of dispatching the primitive anew each time.
         call = _COMPILED.get((role, kwargs))
@@ -112,7 +112,11 @@ _COMPILED = {}  # (role, kwargs) -> the jitted call that concrete arguments run
 
 
 def _bind_arrays(*args, role: Role, kwargs: Kwargs):
-    return bind(args, role, kwargs)
+    # The scope puts the op's name into the compiled program's op metadata
+    # (op_name "jit(f)/<name>/jaxbind"), which is what profilers and XLA dumps
+    # show; JAX carries it through jvp, transpose and vmap.
+    with jax.named_scope(role.op.name):
+        return bind(args, role, kwargs)
 
 
 def _callback(value, what: str, name: str):
@@ -131,6 +135,17 @@ def _callback(value, what: str, name: str):
 def _check_callable(value, what: str, name: str):
     if not callable(value):
         raise TypeError(f"jaxbind op '{name}': {what} must be callable, got {type(value).__name__}.")
+
+
+def _named_callback(f, name):
+    """``f`` as a callback, and the op's name: ``name`` when given, else the name of ``f``."""
+    if name is None:
+        f = _callback(f, "f", _name_of(f))
+        return f, _name_of(f)
+    if not isinstance(name, str) or not name.strip():
+        error = TypeError if not isinstance(name, str) else ValueError
+        raise error(f"jaxbind op '{_name_of(f)}': name must be a non-empty string, got {name!r:.100}.")
+    return _callback(f, "f", name), name
 
 
 def _check_flags(name: str, first_n_args_fixed, func_can_batch):
@@ -154,6 +169,7 @@ def get_linear_call(
     *,
     first_n_args_fixed: int = 0,
     func_can_batch: bool = False,
+    name: Optional[str] = None,
 ) -> Op:
     """Create a JAX op from a linear (or multilinear) function and its transpose(s).
 
@@ -176,12 +192,14 @@ def get_linear_call(
       func_can_batch: the callbacks handle batching themselves; they and the
         abstracts receive ``batch_axes`` (a tuple per input of its batch axes,
         or None) in their kwargs.
+      name: the op's name in errors, jaxprs and the compiled program's metadata
+        (default: the name of ``f``). Ops that differ only in name are different
+        ops.
 
     Returns:
       The op: ``op(*args, **kwargs)`` returns the list of outputs.
     """
-    f = _callback(f, "f", _name_of(f))
-    name = _name_of(f)
+    f, name = _named_callback(f, name)
     _check_callable(abstract, "abstract", name)
     first_n_args_fixed, func_can_batch = _check_flags(name, first_n_args_fixed, func_can_batch)
     if isinstance(f_T, (tuple, list)):
@@ -220,13 +238,14 @@ def get_linear_call(
 
 def get_nonlinear_call(
     f: Callable,
-    f_derivative: Tuple[Callable, Callable],
+    f_derivative: Optional[Tuple[Callable, Callable]],
     /,
     abstract: Callable,
-    abstract_reverse: Callable,
+    abstract_reverse: Optional[Callable],
     *,
     first_n_args_fixed: int = 0,
     func_can_batch: bool = False,
+    name: Optional[str] = None,
 ) -> Op:
     """Create a JAX op from a nonlinear function with its jvp and vjp.
 
@@ -235,30 +254,54 @@ def get_nonlinear_call(
       f_derivative: ``(f_jvp, f_vjp)``. ``f_jvp`` receives ``(*primals, *tangents
         of the differentiable arguments)`` and writes the output tangents;
         ``f_vjp`` receives ``(*primals, *output cotangents)`` and writes the
-        cotangents of the differentiable arguments.
+        cotangents of the differentiable arguments. ``None`` makes an op without
+        derivatives (``abstract_reverse`` is then None too): it jits and vmaps,
+        and differentiating it is an error; give it derivatives with
+        ``jax.custom_jvp``, ``jax.custom_vjp`` or ``jax.lax.custom_root``.
       abstract: output shapes and dtypes of ``f`` and of ``f_jvp`` (it is called
         with the arguments of each).
       abstract_reverse: output shapes and dtypes of ``f_vjp``, from its arguments.
       first_n_args_fixed: the first arguments are not differentiated.
       func_can_batch: the callbacks handle batching themselves (see
         ``get_linear_call``).
+      name: the op's name in errors, jaxprs and the compiled program's metadata
+        (default: the name of ``f``).
 
     Returns:
       The op: ``op(*args, **kwargs)`` returns the list of outputs. Derivatives
       are first order only.
     """
-    f = _callback(f, "f", _name_of(f))
-    name = _name_of(f)
+    f, name = _named_callback(f, name)
     _check_callable(abstract, "abstract", name)
-    _check_callable(abstract_reverse, "abstract_reverse", name)
     first_n_args_fixed, func_can_batch = _check_flags(name, first_n_args_fixed, func_can_batch)
+    forward = Family(callbacks=(f,), abstracts=(abstract,), labels=(FORWARD,), linear=False)
+    if f_derivative is None:
+        if abstract_reverse is not None:
+            raise TypeError(
+                f"jaxbind op '{name}': f_derivative is None (an op without derivatives) but "
+                "abstract_reverse is given; pass None for both, or give f_derivative=(f_jvp, f_vjp)."
+            )
+        return Op(OpDef("nonlinear", name, (forward,), first_n_args_fixed, func_can_batch))
     if not isinstance(f_derivative, (tuple, list)) or len(f_derivative) != 2:
         raise TypeError(
-            f"jaxbind op '{name}': f_derivative must be a pair (f_jvp, f_vjp), got {f_derivative!r:.100}."
+            f"jaxbind op '{name}': f_derivative must be a pair (f_jvp, f_vjp), or None for an op "
+            f"without derivatives, got {f_derivative!r:.100}."
         )
+    if any(d is None for d in f_derivative):
+        missing = "f_jvp (f_derivative[0])" if f_derivative[0] is None else "f_vjp (f_derivative[1])"
+        raise TypeError(
+            f"jaxbind op '{name}': {missing} must be a Python callable or a native kernel, got None. "
+            "Give both f_jvp and f_vjp, or pass f_derivative=None (and abstract_reverse=None) for an "
+            "op without derivatives."
+        )
+    if abstract_reverse is None:
+        raise TypeError(
+            f"jaxbind op '{name}': abstract_reverse is None but f_derivative is given; it "
+            "describes the outputs of f_vjp. (Pass None for both for an op without derivatives.)"
+        )
+    _check_callable(abstract_reverse, "abstract_reverse", name)
     f_jvp = _callback(f_derivative[0], "f_jvp (f_derivative[0])", name)
     f_vjp = _callback(f_derivative[1], "f_vjp (f_derivative[1])", name)
-    forward = Family(callbacks=(f,), abstracts=(abstract,), labels=(FORWARD,), linear=False)
     derivative = Family(
         callbacks=(f_vjp, f_jvp), abstracts=(abstract_reverse, abstract),
         labels=("vjp callback", "jvp callback"), linear=True,

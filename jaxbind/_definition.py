@@ -12,7 +12,8 @@ callback. This one picture covers every kind of op:
   callbacks ``(f_T[0], ..., f_T[n], f)``;
 - a nonlinear op: its forward ``f`` (family 0, not linear) and the linear family
   of its derivative at the primal point, slots ``[dx, dy]``, callbacks
-  ``(f_vjp, f_jvp)``, with every primal as a fixed argument.
+  ``(f_vjp, f_jvp)``, with every primal as a fixed argument;
+- a nonlinear op without derivatives: its forward family alone.
 
 A :class:`Role` names one callback of one family, with the slot sizes it is
 bound with; it is the static parameter the jaxbind primitive carries.
@@ -50,8 +51,9 @@ class Family:
 class OpDef:
     """Everything the user passed when creating an op.
 
-    Two definitions built from the same functions and flags are equal, so ops
-    share compiled code.
+    Two definitions built from the same functions, flags and name are equal, so
+    ops share compiled code. The name is part of the key because errors and
+    compiled programs carry it: an op must never run under another's name.
     """
 
     kind: str  # "linear", "multilinear" or "nonlinear"
@@ -64,7 +66,7 @@ class OpDef:
         object.__setattr__(self, "_hash", hash(self._key()))
 
     def _key(self):
-        return (self.kind, self.families, self.first_n_args_fixed, self.func_can_batch)
+        return (self.kind, self.name, self.families, self.first_n_args_fixed, self.func_can_batch)
 
     def __eq__(self, other):
         return isinstance(other, OpDef) and (self is other or self._key() == other._key())
@@ -79,6 +81,23 @@ class OpDef:
     def has_native(self) -> bool:
         """Whether any callback is a native kernel (which limits the kwargs)."""
         return any(isinstance(cb, NativeKernel) for family in self.families for cb in family.callbacks)
+
+    @property
+    def has_derivatives(self) -> bool:
+        """False for a nonlinear op made with ``f_derivative=None``."""
+        return self.kind != "nonlinear" or len(self.families) > 1
+
+    def no_derivatives_error(self, requested: str) -> ValueError:
+        """The error for differentiating an op made without derivatives."""
+        return ValueError(
+            f"jaxbind op '{self.name}' was made without derivatives (f_derivative=None) and "
+            f"cannot be differentiated: JAX asked for {requested}. Give it derivatives in JAX: "
+            "wrap the op in jax.custom_jvp or jax.custom_vjp with rules written in jax.numpy (call the wrapped "
+            "function itself for the primal output to get higher orders), or, for a solver, use "
+            "it as the solve of jax.lax.custom_root (implicit differentiation); or make the op "
+            "with f_derivative=(f_jvp, f_vjp). Arguments the derivative does not depend on can "
+            "be held constant with jax.lax.stop_gradient."
+        )
 
     @property
     def n_linear_args(self) -> Optional[int]:

@@ -145,8 +145,24 @@ def batch_partitioning_attributes(ctx, levels: int) -> dict:
     return attributes
 
 
+def set_frontend_attribute(results, key: str, value: str):
+    """Attach ``key = value`` to the frontend attributes of the op that made ``results``.
+
+    XLA keeps frontend attributes through compilation (``frontend_attributes=``
+    in the compiled HLO), so they name the op in lowered and compiled programs.
+    Returns ``results``.
+    """
+    op = results[0].owner
+    attrs = {}
+    if "mhlo.frontend_attributes" in op.attributes:  # keep any already there
+        attrs = {a.name: a.attr for a in op.attributes["mhlo.frontend_attributes"]}
+    attrs[key] = mlir.ir.StringAttr.get(value)
+    op.attributes["mhlo.frontend_attributes"] = mlir.ir.DictAttr.get(attrs)
+    return results
+
+
 __all__ = [
     "Primitive", "ad", "apply_primitive", "batch_partitioning_attributes", "batching",
-    "cast_to_common_vma", "get_aval", "mlir", "register_batch_partitionable", "reshard_like", "shaped_array",
-    "sharding_spec", "varying_axes",
+    "cast_to_common_vma", "get_aval", "mlir", "register_batch_partitionable", "reshard_like",
+    "set_frontend_attribute", "shaped_array", "sharding_spec", "varying_axes",
 ]

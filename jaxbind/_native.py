@@ -22,7 +22,11 @@ KW_INT, KW_FLOAT, KW_BOOL, KW_STRING, KW_INT_ARRAY, KW_FLOAT_ARRAY = 1, 2, 3, 4,
 
 
 def get_include() -> str:
-    """The folder holding ``jaxbind.h``, for ``-I`` when compiling a native kernel."""
+    """The folder holding ``jaxbind.h`` and its Fortran twin ``jaxbind.f90``.
+
+    Give it to the compiler (``-I``, and the Fortran module's source path) when
+    compiling a native kernel.
+    """
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
 
 

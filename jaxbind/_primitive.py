@@ -22,7 +22,8 @@ from . import _trampoline
 from ._definition import JaxbindError, Role
 from ._jax_compat import (
     Primitive, ad, apply_primitive, batch_partitioning_attributes, batching, cast_to_common_vma,
-    get_aval, mlir, register_batch_partitionable, reshard_like, shaped_array, sharding_spec, varying_axes,
+    get_aval, mlir, register_batch_partitionable, reshard_like, set_frontend_attribute, shaped_array,
+    sharding_spec, varying_axes,
 )
 from ._kwargs import Kwargs
 from ._native import NativeKernel, kernel_kwargs
@@ -289,6 +290,8 @@ def _jvp_rule(primals, tangents, *, role: Role, kwargs: Kwargs, batch: Batch):
             term = bind(args, role, kwargs, batch)
             tangent_out = term if tangent_out is None else [a + b for a, b in zip(tangent_out, term)]
     elif any(type(t) is not ad.Zero for t in tangents[role.n_fixed:]):
+        if not role.op.has_derivatives:
+            raise role.op.no_derivatives_error("its jvp (as jvp, grad, vjp and the jacobians do)")
         # The derivative family of a nonlinear op: f_jvp(*primals, *tangents).
         n, n_fixed = len(primals), role.n_fixed
         jvp_role = Role(role.op, family=1, slot=1, n_fixed=n, in_sizes=(n - n_fixed,))
@@ -327,6 +330,8 @@ def _regroup(role: Role, new_slot: int, fixed, inputs, outputs):
 
 
 def _transpose_rule(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
+    if not role.op.has_derivatives:
+        raise role.op.no_derivatives_error("its linear transpose")
     if not role.linear:  # JAX transposes only what our jvp rule emitted
         raise JaxbindError(f"jaxbind {role.label}: cannot transpose a nonlinear callback")
     for i in range(role.n_fixed):
@@ -567,7 +572,8 @@ def _lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
     levels = partitionable_levels(batch)
     rule = _ffi_lowerings[target] if not levels else jax.ffi.ffi_lowering(
         target, extra_attributes=batch_partitioning_attributes(ctx, levels))
-    return rule(ctx, *args, session=_SESSION, site=np.int64(site))
+    results = rule(ctx, *args, session=_SESSION, site=np.int64(site))
+    return set_frontend_attribute(results, "jaxbind_op", role.op.name)  # the name in the HLO
 
 
 mlir.register_lowering(jaxbind_p, _lowering, platform="cpu")

@@ -28,9 +28,12 @@
  * new dtype and kwarg codes; existing fields, codes and meanings never change,
  * so a kernel compiled against this header keeps working.
  *
- * Fortran: every struct here is made of 8-byte fields (int64 and pointers),
- * in the order written, so a BIND(C) derived type with INTEGER(C_INT64_T) and
- * TYPE(C_PTR) components in the same order matches it.
+ * Fortran: jaxbind.f90 in this folder is this header's twin (module jaxbind:
+ * the structs as BIND(C) types, the codes and the helpers, under the same
+ * names). The structs' fields are int64_t, pointers and, in jaxbind_kwarg, one
+ * double (float_value), all 8 bytes on the 64-bit platforms jaxbind runs on,
+ * so there is no padding: INTEGER(C_INT64_T), TYPE(C_PTR) and REAL(C_DOUBLE)
+ * components in the order written match them.
  */
 #ifndef JAXBIND_H_
 #define JAXBIND_H_
