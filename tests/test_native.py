@@ -1149,3 +1149,16 @@ def test_independent_concurrent_chains_give_right_results():
     step = np.sin(np.arange(3000.0)).sum() / 3000
     np.testing.assert_allclose(a, x + 5 * step, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(b, x + 1 + 5 * step, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", ["jb_xsin", "jb_busy", "jb_double", "jb_triple_and_sum"])
+def test_test_kernels_refuse_a_dtype_they_do_not_handle(kernel):
+    # A kernel that assumes float64 and gets float32 would read and write past
+    # the ends of the buffers: it checks and fails instead.
+    def abstract(x):
+        outs = ((x.shape, x.dtype),)
+        return outs + (((), x.dtype),) if kernel == "jb_triple_and_sum" else outs
+
+    op = jaxbind.get_nonlinear_call(getattr(LIB, kernel), (LIB.jb_empty, LIB.jb_empty), abstract, abstract)
+    with pytest.raises(RuntimeError, match=rf"op '{kernel}'.*(float64|dtype code 11)"):
+        jax.block_until_ready(op(jnp.ones(3, jnp.float32)))
