@@ -20,6 +20,20 @@ static int check_counts(const jaxbind_call *call, int64_t n_in, int64_t n_out) {
   return 0;
 }
 
+/* Fails unless each of the first n arrays has the dtype given: kernels that
+ * assume a dtype check it, so that a call with another one is an error, not
+ * a write past the end of a buffer. */
+static int check_dtypes(const jaxbind_call *call, const char *kernel, const jaxbind_array *arrays,
+                        int64_t n, int64_t dtype) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (arrays[i].dtype != dtype) {
+      return jaxbind_fail(call, "%s: array %lld has dtype code %lld, expected %lld", kernel,
+                          (long long)i, (long long)arrays[i].dtype, (long long)dtype);
+    }
+  }
+  return 0;
+}
+
 /* out[0] = factor * in[last], factor = kwarg "factor" (default 2); real and
  * complex floats. Linear in its last input, so it is its own transpose. */
 EXPORT int jb_scale(const jaxbind_call *call) {
@@ -85,6 +99,7 @@ static double f_prime(double x) { return cos(x) * x + sin(x); }
 EXPORT int jb_xsin(const jaxbind_call *call) {
   if (check_counts(call, 1, 1)) return 1;
   if (call->in[0].dtype != JAXBIND_FLOAT64) return jaxbind_fail(call, "jb_xsin: float64 only");
+  if (check_dtypes(call, "jb_xsin", call->out, 1, JAXBIND_FLOAT64)) return 1;
   const double *x = call->in[0].data; double *y = call->out[0].data;
   for (int64_t i = 0, n = jaxbind_size(&call->in[0]); i < n; ++i) y[i] = sin(x[i]) * x[i];
   return 0;
@@ -92,6 +107,8 @@ EXPORT int jb_xsin(const jaxbind_call *call) {
 
 EXPORT int jb_xsin_derivative(const jaxbind_call *call) { /* jvp and vjp alike */
   if (check_counts(call, 2, 1)) return 1;
+  if (check_dtypes(call, "jb_xsin_derivative", call->in, 2, JAXBIND_FLOAT64) ||
+      check_dtypes(call, "jb_xsin_derivative", call->out, 1, JAXBIND_FLOAT64)) return 1;
   const double *x = call->in[0].data, *t = call->in[1].data; double *y = call->out[0].data;
   for (int64_t i = 0, n = jaxbind_size(&call->in[0]); i < n; ++i) y[i] = f_prime(x[i]) * t[i];
   return 0;
@@ -101,6 +118,9 @@ EXPORT int jb_xsin_derivative(const jaxbind_call *call) { /* jvp and vjp alike *
  * out[0] = 3 x, out[1] = sum(x) (a scalar). Linear. */
 EXPORT int jb_triple_and_sum(const jaxbind_call *call) {
   if (check_counts(call, 1, 2)) return 1;
+  if (check_dtypes(call, "jb_triple_and_sum", call->in, 1, JAXBIND_FLOAT64) ||
+      check_dtypes(call, "jb_triple_and_sum", call->out, 2, JAXBIND_FLOAT64)) return 1;
+  if (jaxbind_size(&call->out[1]) != 1) return jaxbind_fail(call, "jb_triple_and_sum: out[1] must be a scalar");
   const double *x = call->in[0].data;
   double *y = call->out[0].data, *s = call->out[1].data, total = 0.0;
   for (int64_t i = 0, n = jaxbind_size(&call->in[0]); i < n; ++i) {
@@ -114,6 +134,9 @@ EXPORT int jb_triple_and_sum(const jaxbind_call *call) {
 /* The transpose: in = (ct_y, ct_s); out[0] = 3 ct_y + ct_s. */
 EXPORT int jb_triple_and_sum_T(const jaxbind_call *call) {
   if (check_counts(call, 2, 1)) return 1;
+  if (check_dtypes(call, "jb_triple_and_sum_T", call->in, 2, JAXBIND_FLOAT64) ||
+      check_dtypes(call, "jb_triple_and_sum_T", call->out, 1, JAXBIND_FLOAT64)) return 1;
+  if (jaxbind_size(&call->in[1]) != 1) return jaxbind_fail(call, "jb_triple_and_sum_T: in[1] must be a scalar");
   const double *cy = call->in[0].data, *cs = call->in[1].data; double *x = call->out[0].data;
   for (int64_t i = 0, n = jaxbind_size(&call->out[0]); i < n; ++i) x[i] = 3.0 * cy[i] + *cs;
   return 0;
@@ -131,6 +154,9 @@ EXPORT int jb_fail_silently(const jaxbind_call *call) { (void)call; return 7; }
 /* Reports its kwargs into a float64 output of 8 entries:
  * [int i, float f, bool b, strlen(s), s[0], sum(ints), sum(floats), n_kwargs]. */
 EXPORT int jb_kwargs_probe(const jaxbind_call *call) {
+  if (check_counts(call, 0, 1)) return 1;
+  if (check_dtypes(call, "jb_kwargs_probe", call->out, 1, JAXBIND_FLOAT64)) return 1;
+  if (jaxbind_size(&call->out[0]) < 8) return jaxbind_fail(call, "jb_kwargs_probe: out[0] needs 8 entries");
   double *o = call->out[0].data;
   const jaxbind_kwarg *s = jaxbind_find_kwarg(call, "s");
   const jaxbind_kwarg *ints = jaxbind_find_kwarg(call, "ints");
@@ -155,9 +181,13 @@ EXPORT int jb_kwargs_probe(const jaxbind_call *call) {
 
 /* func_can_batch: y = factor * x elementwise (float64), and the batch layout
  * checked against the shapes: every batch axis must be a valid axis. Writes
- * batch_levels into out[1] (int64 scalar), -1 when the kwargs are missing. */
+ * batch_levels into every entry of out[1] (int64), -1 when the kwargs are missing. */
 EXPORT int jb_batched_scale(const jaxbind_call *call) {
   if (check_counts(call, 1, 2)) return 1;
+  if (check_dtypes(call, "jb_batched_scale", call->in, call->n_in, JAXBIND_FLOAT64) ||
+      check_dtypes(call, "jb_batched_scale", call->out, 1, JAXBIND_FLOAT64) ||
+      check_dtypes(call, "jb_batched_scale", call->out + 1, 1, JAXBIND_INT64)) return 1;
+
   const jaxbind_kwarg *levels = jaxbind_find_kwarg(call, "batch_levels");
   const jaxbind_kwarg *axes = jaxbind_find_kwarg(call, "batch_axes");
   int64_t nlev = -1;
@@ -172,13 +202,17 @@ EXPORT int jb_batched_scale(const jaxbind_call *call) {
   const double factor = jaxbind_kwarg_float(call, "factor", 2.0);
   const double *x = call->in[call->n_in - 1].data; double *y = call->out[0].data;
   for (int64_t i = 0, n = jaxbind_size(&call->in[call->n_in - 1]); i < n; ++i) y[i] = factor * x[i];
-  *(int64_t *)call->out[1].data = nlev;
+  int64_t *levels_out = call->out[1].data;  /* batched too under vmap: every entry */
+  for (int64_t i = 0, n = jaxbind_size(&call->out[1]); i < n; ++i) levels_out[i] = nlev;
   return 0;
 }
 
 /* About a millisecond of work per call by default (kwarg "iterations"):
  * out[0] = in[0] + sum_k sin(k) / iterations, so its result is checkable. */
 EXPORT int jb_busy(const jaxbind_call *call) {
+  if (check_counts(call, 1, 1)) return 1;
+  if (check_dtypes(call, "jb_busy", call->in, 1, JAXBIND_FLOAT64) ||
+      check_dtypes(call, "jb_busy", call->out, 1, JAXBIND_FLOAT64)) return 1;
   const int64_t iterations = jaxbind_kwarg_int(call, "iterations", 200000);
   double acc = 0.0;
   for (int64_t k = 0; k < iterations; ++k) acc += sin((double)k);
@@ -189,6 +223,10 @@ EXPORT int jb_busy(const jaxbind_call *call) {
 
 /* out[0] = in[0] * 2 for float64; the cheapest useful kernel (benchmarks). */
 EXPORT int jb_double(const jaxbind_call *call) {
+  if (call->n_in < 1 || call->n_out < 1 || call->in[0].dtype != JAXBIND_FLOAT64 ||
+      call->out[0].dtype != JAXBIND_FLOAT64) {
+    return jaxbind_fail(call, "jb_double: one float64 input and output");
+  }
   const double *x = call->in[0].data; double *y = call->out[0].data;
   for (int64_t i = 0, n = jaxbind_size(&call->in[0]); i < n; ++i) y[i] = 2.0 * x[i];
   return 0;
@@ -214,5 +252,15 @@ EXPORT int jb_busy_thread(const jaxbind_call *call) {
   if (n > 0 && x[0] < fail_below) return jaxbind_fail(call, "element %g is below %g", x[0], fail_below);
   for (int64_t i = 0; i < n; ++i) y[i] = x[i];
   *(int64_t *)call->out[1].data = (int64_t)(uintptr_t)pthread_self();
+  return 0;
+}
+
+/* Writes the first half of out[0] (float64, ones) and leaves the rest: the
+ * checking mode for unwritten outputs must report it. */
+EXPORT int jb_write_half(const jaxbind_call *call) {
+  if (check_counts(call, 0, 1)) return 1;
+  if (check_dtypes(call, "jb_write_half", call->out, 1, JAXBIND_FLOAT64)) return 1;
+  double *y = call->out[0].data;
+  for (int64_t i = 0, n = jaxbind_size(&call->out[0]); i < n / 2; ++i) y[i] = 1.0;
   return 0;
 }

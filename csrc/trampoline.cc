@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <chrono>
 #include <condition_variable>
 #include <optional>
@@ -27,6 +28,10 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#if defined(__GLIBCXX__)
+#include <cxxabi.h>  // abi::__forced_unwind: CPython ending a thread
+#endif
 
 #include "jaxbind.h"
 #include "xla/ffi/api/ffi.h"
@@ -148,13 +153,34 @@ alignas(64) char g_empty_storage[64];
 // The GIL, from any thread.
 // ---------------------------------------------------------------------------
 
+// Python callbacks that are running or waiting for the GIL, and whether the
+// interpreter is shutting down. jaxbind's atexit hook sets the flag and waits
+// for the running callbacks, so that no XLA thread takes the GIL once Python
+// finalizes: CPython ends a thread that waits for the GIL then, and a guard
+// that released a GIL it no longer holds would abort the process.
+std::atomic<int64_t> g_python_calls{0};
+std::atomic<bool> g_shutting_down{false};
+
+bool PythonFinalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
 // XLA calls handlers on the Python thread that launched the program or on its
 // own worker threads, which have no Python thread state. PyGILState_Ensure and
 // Release would create and destroy a thread state on every call there; instead
 // each thread gets one thread state, made on first use and kept.
+// `held()` is false when Python is shutting down: the caller must then not
+// touch Python at all, and returns an error result instead.
 class GilHold {
  public:
   GilHold() {
+    g_python_calls.fetch_add(1);  // sequentially consistent with Shutdown's flag
+    if (g_shutting_down.load() || !Py_IsInitialized() || PythonFinalizing()) return;
+    held_ = true;
     if (PyGILState_Check()) return;  // this thread holds the GIL already
     PyThreadState* ts = PyGILState_GetThisThreadState();
     if (ts == nullptr) {
@@ -167,13 +193,34 @@ class GilHold {
   }
   ~GilHold() {
     if (acquired_) PyEval_SaveThread();
+    g_python_calls.fetch_sub(1);
   }
+  bool held() const { return held_; }
+  // CPython is ending this thread from inside the callback (it waited for the
+  // GIL while the interpreter finalized): it holds no GIL to release.
+  void Abandon() { acquired_ = false; }
   GilHold(const GilHold&) = delete;
   GilHold& operator=(const GilHold&) = delete;
 
  private:
+  bool held_ = false;
   bool acquired_ = false;
 };
+
+// Refuses new Python callbacks and waits up to `timeout` seconds for the
+// running ones; called (with the GIL) by jaxbind's atexit hook. Returns how
+// many callbacks were still running.
+int64_t Shutdown(double timeout) {
+  g_shutting_down.store(true);
+  PyThreadState* state = PyEval_SaveThread();  // let running callbacks finish
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+  while (g_python_calls.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const int64_t running = g_python_calls.load();
+  PyEval_RestoreThread(state);
+  return running;
+}
 
 // ---------------------------------------------------------------------------
 // Errors
@@ -190,8 +237,9 @@ std::string PyUnicodeToString(PyObject* s) {
   return std::string(data, size);
 }
 
-// Consumes the pending Python exception and turns it into an FFI error.
-ffi::Error ErrorFromPython(const Site& site) {
+// Consumes the pending Python exception (dropping its traceback, and so the
+// callback's frames) and returns the message of the error it becomes.
+std::string MessageFromPython(const Site& site) {
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
   PyErr_NormalizeException(&type, &value, &tb);
@@ -212,7 +260,7 @@ ffi::Error ErrorFromPython(const Site& site) {
   Py_XDECREF(type);
   Py_XDECREF(value);
   Py_XDECREF(tb);
-  return ffi::Error(ffi::ErrorCode::kInternal, message);
+  return message;
 }
 
 ffi::Error ErrorText(const Site* site, const std::string& what) {
@@ -304,62 +352,120 @@ PyObject* ViewTuple(PyObject* cached, void* const* buffers, int64_t n, const int
   return tuple;
 }
 
+// Whether a view is reachable from anything but its tuple: a strong reference
+// (a derived view such as a slice holds one to it) or a live weak reference.
+bool ViewKept(PyObject* view) {
+  return Py_REFCNT(view) != 1 ||
+         reinterpret_cast<PyArrayObject_fields*>(view)->weakreflist != nullptr;
+}
+
 // Whether anything besides us (and the cache) holds a tuple or one of its views.
 bool Kept(PyObject* tuple, Py_ssize_t ours) {
   if (Py_REFCNT(tuple) != ours) return true;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); ++i) {
-    if (Py_REFCNT(PyTuple_GET_ITEM(tuple, i)) != 1) return true;
+    if (ViewKept(PyTuple_GET_ITEM(tuple, i))) return true;
   }
   return false;
 }
 
+// Where retired 0-d views point: scratch nobody reads.
+alignas(64) char g_retired_storage[64];
+
+// Cuts an array off the memory it views: it becomes empty (0-d: a scratch
+// element) and read-only, so that whoever kept it can never reach XLA's memory.
+void Retire(PyObject* array) {
+  auto* fields = reinterpret_cast<PyArrayObject_fields*>(array);
+  fields->data = fields->nd > 0 ? g_empty_storage : g_retired_storage;
+  for (int d = 0; d < fields->nd; ++d) fields->dimensions[d] = 0;
+  PyArray_CLEARFLAGS(reinterpret_cast<PyArrayObject*>(array), NPY_ARRAY_WRITEABLE);
+  PyArray_UpdateFlags(reinterpret_cast<PyArrayObject*>(array), NPY_ARRAY_UPDATE_ALL);
+}
+
+// Finds and retires what was derived from retired views (slices, memoryviews);
+// set once at import. Called with a tuple of the views.
+PyObject* g_retire_derived = nullptr;
+
+// Retires every view of the tuples (null entries are skipped); with `derived`,
+// also whatever was derived from a view that someone else still holds.
+void RetireViews(PyObject* in_tuple, PyObject* out_tuple, bool derived) {
+  PyObject* held = derived ? PyList_New(0) : nullptr;
+  for (PyObject* tuple : {in_tuple, out_tuple}) {
+    for (Py_ssize_t i = 0; tuple != nullptr && i < PyTuple_GET_SIZE(tuple); ++i) {
+      PyObject* view = PyTuple_GET_ITEM(tuple, i);
+      if (held != nullptr && Py_REFCNT(view) != 1) PyList_Append(held, view);
+      Retire(view);
+    }
+  }
+  if (held != nullptr && PyList_GET_SIZE(held) > 0 && g_retire_derived != nullptr) {
+    PyObject* result = PyObject_CallOneArg(g_retire_derived, held);
+    Py_XDECREF(result);
+  }
+  Py_XDECREF(held);
+  PyErr_Clear();
+}
+
 // Builds (out, args) tuples of views for one batch element and calls the site.
-// `in_offsets`/`out_offsets` are byte offsets into each buffer.
+// `in_offsets`/`out_offsets` are byte offsets into each buffer. On failure,
+// `error` is the message of the error the call becomes.
 bool CallOnce(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets,
               const int64_t* in_offsets, const int64_t* out_offsets,
-              int out_skip, std::string* misuse) {
+              int out_skip, std::string* error) {
   const bool use_cache = !site.cache_busy;
   PyObject* in_tuple = ViewTuple(use_cache ? site.cached_in : nullptr, args->args, args->size,
                                  in_offsets, site, -1, /*writable=*/false);
   PyObject* out_tuple = ViewTuple(use_cache ? site.cached_out : nullptr, rets->rets, rets->size,
                                   out_offsets, site, out_skip, /*writable=*/true);
   bool ok = in_tuple != nullptr && out_tuple != nullptr;
+  if (!ok) *error = MessageFromPython(site);
+  bool kept = false;
   if (ok) {
-    site.cache_busy = true;  // a re-entrant or concurrent call makes its own views
+    // A re-entrant or overlapping call (another thread, while this callback
+    // released the GIL) makes its own views; only the cache's user frees it.
+    if (use_cache) site.cache_busy = true;
     PyObject* argv[3] = {out_tuple, in_tuple, site.kwargs_dump};
     PyObject* result = PyObject_Vectorcall(site.callable, argv, 3, nullptr);
-    site.cache_busy = !use_cache;
+    if (use_cache) site.cache_busy = false;
     if (result == nullptr) {
+      *error = MessageFromPython(site);  // frees the frames of the traceback
       ok = false;
     } else if (result != Py_None) {
       PyObject* rtype = PyObject_Type(result);
       PyObject* rname = rtype ? PyObject_GetAttrString(rtype, "__name__") : nullptr;
-      *misuse = "the callback returned a value of type '" + PyUnicodeToString(rname) +
-                "'; jaxbind callbacks must return None and write their results "
-                "into the arrays of `out` (e.g. out[0][...] = result)";
+      *error = "jaxbind " + site.name + ": the callback returned a value of type '" +
+               PyUnicodeToString(rname) +
+               "'; jaxbind callbacks must return None and write their results "
+               "into the arrays of `out` (e.g. out[0][...] = result)";
       Py_XDECREF(rname);
       Py_XDECREF(rtype);
       PyErr_Clear();
       Py_DECREF(result);
       ok = false;
-    } else {
-      Py_DECREF(result);
-      // The views point into memory XLA reuses after this call. A callback
-      // that kept one would later read or write freed memory: refuse it.
-      Py_ssize_t ours_in = 1 + (in_tuple == site.cached_in);
-      Py_ssize_t ours_out = 1 + (out_tuple == site.cached_out);
-      if (Kept(in_tuple, ours_in) || Kept(out_tuple, ours_out)) {
-        *misuse = "the callback kept a reference to one of its `out` or `args` arrays "
-                  "(or a view of one) after returning; these arrays view memory that "
-                  "is only valid during the call: store a copy instead (np.array(x))";
-        ok = false;
+    }
+    // The views point into memory XLA reuses after this call. A callback
+    // that kept one would later read or write freed memory: refuse it.
+    Py_ssize_t ours_in = 1 + (in_tuple == site.cached_in);
+    Py_ssize_t ours_out = 1 + (out_tuple == site.cached_out);
+    if (Kept(in_tuple, ours_in) || Kept(out_tuple, ours_out)) {
+      if (ok) {
+        *error = "jaxbind " + site.name + ": the callback";
+      } else {
+        *error += "\n(Besides, the callback";
       }
+      *error += " kept a reference to one of its `out` or `args` arrays (or a view of one, or "
+                "a weak reference) after returning; these arrays view memory that is only "
+                "valid during the call, and the kept ones are now empty: store a copy "
+                "instead (np.array(x))";
+      if (!ok) *error += ")";
+      ok = false;
+      kept = true;
     }
   }
   if (ok && use_cache) {  // keep the views for the next call
     if (site.cached_in != in_tuple) std::swap(site.cached_in, in_tuple);
     if (site.cached_out != out_tuple) std::swap(site.cached_out, out_tuple);
-  } else if (!ok && use_cache) {  // someone may hold them: never reuse
+  } else if (!ok) {
+    // Someone may hold the views: cut them off XLA's memory, never reuse them.
+    RetireViews(in_tuple, out_tuple, kept);
     if (site.cached_in == in_tuple) Py_CLEAR(site.cached_in);
     if (site.cached_out == out_tuple) Py_CLEAR(site.cached_out);
   }
@@ -481,6 +587,90 @@ bool WalkRange(const WalkPlan& plan, int64_t begin, int64_t end, CallOnce&& call
   return true;
 }
 
+// ---------------------------------------------------------------------------
+// Checking mode: outputs a callback leaves unwritten
+// ---------------------------------------------------------------------------
+
+std::atomic<bool> g_check_unwritten{false};
+
+// The bytes an element holds until a callback writes it: for float types a NaN
+// with a payload arithmetic does not produce, else 0xA5 bytes (a legal value of
+// integer and float8 types, so one written on purpose is reported too; an
+// invalid bool). Returns the element width, 0 for an unknown dtype.
+size_t Sentinel(int64_t dtype, unsigned char* pattern) {
+  size_t width = 0;
+  switch (dtype) {
+    case JAXBIND_BOOL: case JAXBIND_INT8: case JAXBIND_UINT8: case JAXBIND_FLOAT8_E5M2:
+    case JAXBIND_FLOAT8_E4M3FN: case JAXBIND_FLOAT8_E4M3B11FNUZ: case JAXBIND_FLOAT8_E5M2FNUZ:
+    case JAXBIND_FLOAT8_E4M3FNUZ: case JAXBIND_FLOAT8_E4M3: case JAXBIND_FLOAT8_E3M4: width = 1; break;
+    case JAXBIND_INT16: case JAXBIND_UINT16: case JAXBIND_FLOAT16: case JAXBIND_BFLOAT16: width = 2; break;
+    case JAXBIND_INT32: case JAXBIND_UINT32: case JAXBIND_FLOAT32: width = 4; break;
+    case JAXBIND_INT64: case JAXBIND_UINT64: case JAXBIND_FLOAT64: case JAXBIND_COMPLEX64: width = 8; break;
+    case JAXBIND_COMPLEX128: width = 16; break;
+    default: return 0;
+  }
+  std::memset(pattern, 0xA5, width);
+  // Little-endian high bytes of a NaN (each half of a complex number).
+  switch (dtype) {
+    case JAXBIND_FLOAT16: pattern[1] = 0x7D; break;   // 0x7DA5
+    case JAXBIND_BFLOAT16: pattern[1] = 0x7F; break;  // 0x7FA5
+    case JAXBIND_FLOAT32: case JAXBIND_COMPLEX64:     // 0x7FA5A5A5
+      for (size_t h = 3; h < width; h += 4) pattern[h] = 0x7F;
+      break;
+    case JAXBIND_FLOAT64: case JAXBIND_COMPLEX128:    // 0x7FF5A5A5A5A5A5A5
+      for (size_t h = 7; h < width; h += 8) { pattern[h] = 0x7F; pattern[h - 1] = 0xF5; }
+      break;
+    default: break;
+  }
+  return width;
+}
+
+int64_t NumElements(const XLA_FFI_Buffer* buf) {
+  int64_t n = 1;
+  for (int64_t d = 0; d < buf->rank; ++d) n *= buf->dims[d];
+  return n;
+}
+
+void FillSentinel(size_t n_out, void* const* outs) {
+  unsigned char pattern[16];
+  for (size_t k = 0; k < n_out; ++k) {
+    auto* buf = static_cast<XLA_FFI_Buffer*>(outs[k]);
+    const size_t width = Sentinel(buf->dtype, pattern);
+    auto* data = static_cast<unsigned char*>(buf->data);
+    const int64_t n = NumElements(buf);
+    for (int64_t e = 0; width != 0 && data != nullptr && e < n; ++e) {
+      std::memcpy(data + e * width, pattern, width);
+    }
+  }
+}
+
+// Empty, or the message naming the first output element still holding the sentinel.
+std::string FindUnwritten(size_t n_out, void* const* outs) {
+  unsigned char pattern[16];
+  for (size_t k = 0; k < n_out; ++k) {
+    auto* buf = static_cast<XLA_FFI_Buffer*>(outs[k]);
+    const size_t width = Sentinel(buf->dtype, pattern);
+    const auto* data = static_cast<const unsigned char*>(buf->data);
+    const int64_t n = NumElements(buf);
+    for (int64_t e = 0; width != 0 && data != nullptr && e < n; ++e) {
+      if (std::memcmp(data + e * width, pattern, width) != 0) continue;
+      int64_t count = 0;
+      for (int64_t f = e; f < n; ++f) count += std::memcmp(data + f * width, pattern, width) == 0;
+      std::string index, shape;
+      for (int64_t d = buf->rank, rest = e; d-- > 0;) {
+        index = std::to_string(rest % buf->dims[d]) + (index.empty() ? "" : ", ") + index;
+        rest /= buf->dims[d];
+      }
+      for (int64_t d = 0; d < buf->rank; ++d) shape += (d ? ", " : "") + std::to_string(buf->dims[d]);
+      return "output " + std::to_string(k) + " (shape (" + shape + ")) was not fully written: " +
+             std::to_string(count) + " element(s) still hold the checking mode's sentinel, the "
+             "first at index (" + index + "). A callback must write every element of every "
+             "output (jaxbind.config.check_unwritten is on)";
+    }
+  }
+  return std::string();
+}
+
 ffi::Error RunPython(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets) {
   WalkPlan plan(site.levels, args->size, rets->size);
   if (site.levels != 0) {
@@ -489,13 +679,31 @@ ffi::Error RunPython(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_R
   }
   const int out_skip = static_cast<int>(site.levels);
   GilHold gil;
-  std::string misuse;
-  bool ok = WalkRange(plan, 0, plan.total, [&](const int64_t* in_off, const int64_t* out_off) {
-    return CallOnce(site, args, rets, in_off, out_off, out_skip, &misuse);
-  });
+  if (!gil.held()) {
+    return ErrorText(&site, "the callback was not run: the Python interpreter is shutting down");
+  }
+  const bool check = g_check_unwritten.load(std::memory_order_relaxed);
+  if (check) FillSentinel(rets->size, rets->rets);
+  std::string error;
+  bool ok = false;
+#if defined(__GLIBCXX__)
+  try {
+#endif
+    ok = WalkRange(plan, 0, plan.total, [&](const int64_t* in_off, const int64_t* out_off) {
+      return CallOnce(site, args, rets, in_off, out_off, out_skip, &error);
+    });
+#if defined(__GLIBCXX__)
+  } catch (abi::__forced_unwind&) {
+    gil.Abandon();  // CPython ends this thread: Python is finalizing (see Shutdown)
+    throw;
+  }
+#endif
+  if (ok && check) {
+    std::string unwritten = FindUnwritten(rets->size, rets->rets);
+    if (!unwritten.empty()) return ErrorText(&site, unwritten);
+  }
   if (ok) return ffi::Error::Success();
-  if (!misuse.empty()) return ErrorText(&site, misuse);
-  return ErrorFromPython(site);
+  return ffi::Error(ffi::ErrorCode::kInternal, error);
 }
 
 // Runs a native kernel over elements of a walk: descriptors on the stack, no
@@ -595,8 +803,8 @@ struct ParallelWalk {
 // A native kernel over a whole call (every element of a walk). With a pool,
 // a long walk is spread over XLA's intra-op threads: kernels are reentrant
 // by contract, and each element writes its own part of the outputs.
-ffi::Error RunNative(const Site& site, size_t n_in, void* const* ins, size_t n_out,
-                     void* const* outs, ffi::ThreadPool* pool) {
+ffi::Error RunNativeWalk(const Site& site, size_t n_in, void* const* ins, size_t n_out,
+                         void* const* outs, ffi::ThreadPool* pool) {
   WalkPlan plan(site.levels, n_in, n_out);
   if (site.levels != 0) {
     std::string bad = PlanWalk(site, ins, outs, &plan);
@@ -640,6 +848,19 @@ ffi::Error RunNative(const Site& site, size_t n_in, void* const* ins, size_t n_o
   walk->all_done.wait(lock, [&]() { return walk->done == walk->n_chunks; });
   if (walk->failed.load()) return ErrorText(&site, walk->error);
   return ffi::Error::Success();
+}
+
+// A native kernel call, with the checking mode for unwritten outputs around it.
+ffi::Error RunNative(const Site& site, size_t n_in, void* const* ins, size_t n_out,
+                     void* const* outs, ffi::ThreadPool* pool) {
+  const bool check = g_check_unwritten.load(std::memory_order_relaxed);
+  if (check) FillSentinel(n_out, outs);
+  ffi::Error result = RunNativeWalk(site, n_in, ins, n_out, outs, pool);
+  if (result.success() && check) {
+    std::string unwritten = FindUnwritten(n_out, outs);
+    if (!unwritten.empty()) return ErrorText(&site, "native kernel: " + unwritten);
+  }
+  return result;
 }
 
 // The buffers of one call, copied: XLA may reuse its call frame once an
@@ -771,6 +992,27 @@ NB_MODULE(_trampoline, m) {
     Py_XDECREF(old);
   }, nb::arg("code"), nb::arg("dtype"), "Map an XLA FFI dtype code to a NumPy dtype.");
 
+  m.def("set_derived_view_retirer", [](nb::handle fn) {
+    Py_XINCREF(fn.ptr());
+    Py_XDECREF(g_retire_derived);
+    g_retire_derived = fn.ptr();
+  }, "Set the function (list of kept views) -> None that retires arrays derived from them.");
+
+  m.def("retire", [](nb::handle array) {
+    if (!PyArray_Check(array.ptr())) throw nb::type_error("not a NumPy array");
+    if (PyArray_CHKFLAGS(reinterpret_cast<PyArrayObject*>(array.ptr()), NPY_ARRAY_OWNDATA)) {
+      throw nb::value_error("the array owns its memory");
+    }
+    Retire(array.ptr());
+  }, "Make a view that does not own its memory empty and read-only (cuts it off that memory).");
+
+  m.def("shutdown", &Shutdown, nb::arg("timeout"),
+        "Refuse new Python callbacks and wait up to `timeout` seconds for the running ones "
+        "(jaxbind's atexit hook). Returns how many still run.");
+
+  m.def("set_check_unwritten", [](bool on) { g_check_unwritten.store(on); }, nb::arg("on"),
+        "Fill outputs with a sentinel before every callback and report elements left unwritten.");
+
   m.def("set_error_formatter", [](nb::handle fn) {
     Py_XINCREF(fn.ptr());
     Py_XDECREF(g_format_error);
@@ -789,19 +1031,29 @@ NB_MODULE(_trampoline, m) {
             size_t k = 0;
             for (nb::handle item : native_kwargs) {
               NativeKwarg& kw = site->native_storage[k++];
-              nb::tuple entry = nb::cast<nb::tuple>(item);
-              kw.name = nb::cast<std::string>(entry[0]);
-              kw.type = nb::cast<int64_t>(entry[1]);
-              switch (kw.type) {
-                case JAXBIND_KW_INT: case JAXBIND_KW_BOOL:
-                  kw.int_value = nb::cast<int64_t>(entry[2]); break;
-                case JAXBIND_KW_FLOAT: kw.float_value = nb::cast<double>(entry[2]); break;
-                case JAXBIND_KW_STRING: kw.string_value = nb::cast<std::string>(entry[2]); break;
-                case JAXBIND_KW_INT_ARRAY:
-                  kw.int_array = nb::cast<std::vector<int64_t>>(entry[2]); break;
-                case JAXBIND_KW_FLOAT_ARRAY:
-                  kw.float_array = nb::cast<std::vector<double>>(entry[2]); break;
-                default: throw nb::value_error("unknown native kwarg type");
+              // The Python side checks every value first; a value that still
+              // does not convert is an error naming the op and the kwarg.
+              try {
+                nb::tuple entry = nb::cast<nb::tuple>(item);
+                kw.name = nb::cast<std::string>(entry[0]);
+                kw.type = nb::cast<int64_t>(entry[1]);
+                switch (kw.type) {
+                  case JAXBIND_KW_INT: case JAXBIND_KW_BOOL:
+                    kw.int_value = nb::cast<int64_t>(entry[2]); break;
+                  case JAXBIND_KW_FLOAT: kw.float_value = nb::cast<double>(entry[2]); break;
+                  case JAXBIND_KW_STRING: kw.string_value = nb::cast<std::string>(entry[2]); break;
+                  case JAXBIND_KW_INT_ARRAY:
+                    kw.int_array = nb::cast<std::vector<int64_t>>(entry[2]); break;
+                  case JAXBIND_KW_FLOAT_ARRAY:
+                    kw.float_array = nb::cast<std::vector<double>>(entry[2]); break;
+                  default: throw nb::value_error("unknown native kwarg type");
+                }
+              } catch (const std::exception& err) {
+                PyErr_Clear();
+                throw nb::type_error(("jaxbind " + site->name + ": keyword argument '" + kw.name +
+                                      "' cannot be passed to a native kernel (" + err.what() +
+                                      "): ints must fit in 64 bits, strings be valid UTF-8")
+                                         .c_str());
               }
             }
             // Point the C views at the storage, which no longer moves.

@@ -13,9 +13,10 @@ from ._api import Op, get_linear_call, get_nonlinear_call
 from ._definition import JaxbindError
 from ._kwargs import load_kwargs
 from ._native import NativeKernel, get_include, native
+from ._runtime import config
 
 __all__ = [
-    "JaxbindError", "NativeKernel", "Op", "get_include", "get_linear_call", "get_nonlinear_call",
+    "JaxbindError", "NativeKernel", "Op", "config", "get_include", "get_linear_call", "get_nonlinear_call",
     "load_kwargs", "native",
 ]
 __version__ = "0.1.0"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
+import os
 import traceback
 from typing import Optional, Tuple, Union
 
@@ -19,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _trampoline
-from ._definition import JaxbindError, Role
+from ._definition import FORWARD, JaxbindError, Role, _name_of
 from ._jax_compat import (
     Primitive, ad, apply_primitive, batch_partitioning_attributes, batching, cast_to_common_vma,
     get_aval, mlir, register_batch_partitionable, reshard_like, set_frontend_attribute, shaped_array,
@@ -133,6 +135,45 @@ def _looks_like_pair(result) -> bool:
     )
 
 
+def _is_dimension(d) -> bool:
+    return isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_))
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not POSIX
+        return 1 << 62
+
+
+# No output may need more bytes than the machine has: XLA would abort the process
+# (a size beyond int64) or fail without naming the op.
+MAX_OUTPUT_BYTES = _memory_bytes()
+
+
+def _check_size(role: Role, k: int, shape, dtype):
+    size = math.prod(shape)
+    if size * dtype.itemsize > MAX_OUTPUT_BYTES:
+        raise ValueError(
+            f"jaxbind {role.label}: its abstract function declares output {k} with shape {shape} "
+            f"and dtype {dtype}: {size * dtype.itemsize:.3g} bytes, more than this machine's memory "
+            f"({MAX_OUTPUT_BYTES:.3g} bytes). Check the shapes the abstract computes."
+        )
+
+
+def _role_inputs(role: Role, n: int) -> str:
+    """What the arrays jaxbind passes to a non-forward role's abstract are."""
+    what = role.op.families[role.family].labels[role.slot]
+    if what == "jvp callback":
+        return (f"{n} array arguments (the {role.n_fixed} primal(s), then the tangents of the "
+                f"{n - role.n_fixed} differentiable argument(s))")
+    if what == "vjp callback":
+        return (f"{n} array arguments (the {role.n_fixed} primal(s), then the {n - role.n_fixed} "
+                "output cotangent(s))")
+    return (f"{n} array arguments (the {role.n_fixed} fixed argument(s), then the arrays of the "
+            "other slots, with the output cotangents in the outputs' place)")
+
+
 def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axis=False):
     """Run the user's abstract for ``role`` and check what it returns.
 
@@ -147,10 +188,18 @@ def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axi
         try:
             inspect.signature(role.abstract).bind(*structs, **values)
         except TypeError as sig_err:
+            if role.op.families[role.family].labels[role.slot] == FORWARD:
+                raise TypeError(
+                    f"jaxbind {role.label} was called with {len(structs)} array argument(s) "
+                    f"and keyword arguments {sorted(values)}, which its abstract function "
+                    f"does not accept: {sig_err}. Check the number of arguments passed to the op."
+                ) from err
+            # jaxbind chose these arguments, not the caller: the signature is wrong.
             raise TypeError(
-                f"jaxbind {role.label} was called with {len(structs)} array argument(s) "
-                f"and keyword arguments {sorted(values)}, which its abstract function "
-                f"does not accept: {sig_err}. Check the number of arguments passed to the op."
+                f"jaxbind {role.label}: its abstract function '{_name_of(role.abstract)}' is called "
+                f"with {_role_inputs(role, len(structs))} and keyword arguments {sorted(values)}, "
+                f"but its signature does not accept them: {sig_err}. Give it a signature that "
+                "takes them (e.g. abstract(*args, **kwargs))."
             ) from err
         except ValueError:  # no signature available (builtins)
             pass
@@ -173,13 +222,20 @@ def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axi
             raise _bad_abstract(role, result, f"entry {k} is not a (shape, dtype) pair")
         shape, dtype = entry[0], entry[1]
         try:
-            shape = tuple(int(d) for d in shape)
+            if isinstance(shape, (str, bytes)):
+                raise TypeError("a string is not a shape")
+            dims = list(shape)
             dtype = np.dtype(dtype)
         except Exception:
             raise _bad_abstract(role, result, f"entry {k} has no valid shape and dtype") from None
+        if not all(_is_dimension(d) for d in dims):
+            raise _bad_abstract(role, result, f"entry {k} has a shape whose dimensions are not all "
+                                              "integers (a float or a bool is not a dimension)")
+        shape = tuple(int(d) for d in dims)
         if any(d < 0 for d in shape):
             raise _bad_abstract(role, result, f"entry {k} has a negative dimension")
         _check_dtype(dtype, role, f"output {k} (from its abstract)")
+        _check_size(role, k, shape, dtype)
         axis = entry[2] if len(entry) == 3 else None
         if want_axis:
             if not isinstance(axis, (int, np.integer)) or not -len(shape) <= axis < len(shape):
@@ -268,6 +324,19 @@ def _instantiate(t):
     return ad.instantiate_zeros(t) if type(t) is ad.Zero else t
 
 
+def _tangent_value(t, primal):
+    """A tangent as an array the callbacks can take.
+
+    An integer argument's tangent is ``float0``, which no callback can take: as
+    it is zero, zeros of the argument's own dtype stand for it (an op jointly
+    linear in an integer and a float argument, differentiated in the float one).
+    """
+    dtype = t.aval.dtype if type(t) is ad.Zero else get_aval(t).dtype
+    if dtype == jax.dtypes.float0:
+        return jnp.zeros_like(primal)
+    return _instantiate(t)
+
+
 def _zero_tangents(outs):
     return [ad.Zero(get_aval(o).to_tangent_aval()) for o in outs]
 
@@ -286,7 +355,7 @@ def _jvp_rule(primals, tangents, *, role: Role, kwargs: Kwargs, batch: Batch):
             if all(type(t) is ad.Zero for t in group):
                 continue
             args = list(primals)
-            args[start:stop] = [_instantiate(t) for t in group]
+            args[start:stop] = [_tangent_value(t, p) for t, p in zip(group, primals[start:stop])]
             term = bind(args, role, kwargs, batch)
             tangent_out = term if tangent_out is None else [a + b for a, b in zip(tangent_out, term)]
     elif any(type(t) is not ad.Zero for t in tangents[role.n_fixed:]):
@@ -295,7 +364,7 @@ def _jvp_rule(primals, tangents, *, role: Role, kwargs: Kwargs, batch: Batch):
         # The derivative family of a nonlinear op: f_jvp(*primals, *tangents).
         n, n_fixed = len(primals), role.n_fixed
         jvp_role = Role(role.op, family=1, slot=1, n_fixed=n, in_sizes=(n - n_fixed,))
-        args = [*primals, *[_instantiate(t) for t in tangents[n_fixed:]]]
+        args = [*primals, *[_tangent_value(t, p) for t, p in zip(tangents[n_fixed:], primals[n_fixed:])]]
         if isinstance(batch, NativeBatch):
             # Tangents are batched like their primals; the output tangents go
             # where f's outputs are.
@@ -373,12 +442,19 @@ def _transpose_rule(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
         new_batch = None
         declared = [shape for shape, _, _ in call_abstract(new_role, structs, kwargs)]
         primal = [args[i].aval.shape for i in range(start, stop)]
+    if len(declared) != stop - start:
+        raise ValueError(
+            f"jaxbind {new_role.label}: its abstract function '{_name_of(new_role.abstract)}' "
+            f"declares {len(declared)} output(s), but this callback computes the cotangents of "
+            f"{stop - start} linear argument(s) ({', '.join(_argument_text(role, i, start) for i in range(start, stop))}). "
+            "It must return one (shape, dtype) per linear argument, in order."
+        )
     for i, got, want in zip(range(start, stop), declared, primal):
         if got != want:
             raise ValueError(
                 f"jaxbind {new_role.label}: its abstract declares shape {got} for the cotangent of "
-                f"argument {i}, but that argument has shape {want}. A transpose must return "
-                "one array per linear argument, with that argument's shape."
+                f"{_argument_text(role, i, start)}, but that argument has shape {want}. A transpose "
+                "must return one array per linear argument, with that argument's shape."
             )
     results = bind(new_args, new_role, kwargs, new_batch)
     if isinstance(batch, WalkBatch):
@@ -394,6 +470,16 @@ def _transpose_rule(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
         if ad.is_undefined_primal(args[i]):
             out[i] = _as_cotangent(results[i - start], args[i].aval, new_role, i)
     return out
+
+
+def _argument_text(role: Role, i: int, start: int) -> str:
+    """How the user knows input ``i`` of ``role`` (its linear slot starts at ``start``)."""
+    what = role.op.families[role.family].labels[role.slot]
+    if what == FORWARD:
+        return f"argument {i}"
+    if what == "jvp callback":  # inputs: the primals, then the tangents
+        return f"argument {role.op.first_n_args_fixed + i - start}"
+    return f"input {i} of the {what}"
 
 
 def _as_cotangent(result, aval, role: Role, index: int):

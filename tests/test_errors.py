@@ -167,3 +167,106 @@ def test_transpose_declaring_the_wrong_cotangent_shape():
     op = jaxbind.get_linear_call(rotate, rotate, forward_abstract, wrong_T_abstract)
     with pytest.raises(ValueError, match=r"op 'rotate' \(transpose callback 'rotate'\).*shape \(7,\).*shape \(3,\)"):
         jax.grad(lambda v: jnp.sum(jnp.imag(op(v)[0])))(jnp.ones(3))
+
+
+@pytest.mark.parametrize(
+    "shape, why",
+    [
+        ((3.7,), "dimensions are not all integers"),
+        ((True, 2), "dimensions are not all integers"),
+        ((np.float64(3),), "dimensions are not all integers"),
+        (("3",), "dimensions are not all integers"),
+        ((2**40, 2**40), r"bytes, more than this machine's memory"),
+        ((2**64,), r"bytes, more than this machine's memory"),
+        ((2**40,), r"bytes, more than this machine's memory"),
+    ],
+)
+def test_abstract_declaring_an_absurd_shape_fails_before_xla_sees_it(shape, why):
+    # Before: (3.7,) became (3,) and (True, 2) became (1, 2) silently; (2**40, 2**40)
+    # aborted the process inside XLA; the others failed without the op's name.
+    op = jaxbind.get_linear_call(ident, ident, lambda x: ((shape, x.dtype),), same_shape)
+    with pytest.raises((TypeError, ValueError), match=r"op 'ident'.*" + why):
+        jax.jit(lambda x: op(x)[0]).lower(jnp.ones(2))
+    np_dims = lambda x: ((np.array([2, 3]), x.dtype),)  # NumPy integers are dimensions
+    op = jaxbind.get_linear_call(ident, ident, np_dims, same_shape)
+    assert jax.eval_shape(lambda x: op(x)[0], jnp.ones(2)).shape == (2, 3)
+
+
+def product(out, args, kwargs_dump):
+    out[0][...] = args[0] * args[1]
+
+
+def two_like_first(a, b, ct):
+    return ((a.shape, a.dtype), (b.shape, b.dtype))
+
+
+@pytest.mark.parametrize("declared", [1, 3])
+def test_reverse_abstract_declaring_too_few_or_too_many_cotangents(declared):
+    # Before: too few died with a bare IndexError, too many were ignored.
+    def abstract_reverse(a, b, ct):
+        return ((a.shape, a.dtype),) * declared
+
+    op = jaxbind.get_nonlinear_call(product, (product, product), lambda a, b, *t: ((a.shape, a.dtype),),
+                                    abstract_reverse)
+    with pytest.raises(ValueError, match=rf"op 'product' \(vjp callback 'product'\): its abstract function "
+                                         rf"'abstract_reverse' declares {declared} output\(s\).*cotangents of "
+                                         r"2 linear argument\(s\) \(argument 0, argument 1\)"):
+        jax.grad(lambda a, b: jnp.sum(op(a, b)[0]), argnums=1)(jnp.ones(3), jnp.ones(3))
+
+
+def test_transpose_abstract_declaring_too_few_cotangents():
+    def split(out, args, kwargs_dump):
+        out[0][...] = args[0]
+        out[1][...] = args[0]
+
+    def add(out, args, kwargs_dump):
+        out[0][...] = args[0] + args[1]
+
+    op = jaxbind.get_linear_call(add, split, lambda a, b: ((a.shape, a.dtype),), same_shape)
+    with pytest.raises(ValueError, match=r"op 'add' \(transpose callback 'split'\): its abstract function "
+                                         r"'same_shape' declares 1 output\(s\).*2 linear argument\(s\)"):
+        jax.grad(lambda a, b: jnp.sum(op(a, b)[0]), argnums=1)(jnp.ones(3), jnp.ones(3))
+
+
+def test_wrong_cotangent_shape_names_the_ops_own_argument():
+    # Before: "argument 2" for an op with arguments 0 and 1 (the index among the vjp's inputs).
+    def abstract_reverse(a, b, ct):
+        return ((a.shape, a.dtype), ((5,), b.dtype))
+
+    op = jaxbind.get_nonlinear_call(product, (product, product), lambda a, b, *t: ((a.shape, a.dtype),),
+                                    abstract_reverse)
+    with pytest.raises(ValueError, match=r"shape \(5,\) for the cotangent of argument 1, but that argument has shape \(3,\)"):
+        jax.grad(lambda a, b: jnp.sum(op(a, b)[0]), argnums=1)(jnp.ones(3), jnp.ones(3))
+
+
+def test_abstract_that_does_not_take_the_tangents_says_so():
+    def abstract(a, b):  # also describes f_jvp, which receives the tangents too
+        return ((a.shape, a.dtype),)
+
+    op = jaxbind.get_nonlinear_call(product, (product, product), abstract, two_like_first)
+    np.testing.assert_array_equal(op(jnp.ones(2), jnp.full(2, 3.0))[0], np.full(2, 3.0))  # the call is right
+    with pytest.raises(TypeError, match=r"op 'product' \(jvp callback 'product'\): its abstract function "
+                                        r"'abstract' is called with 4 array arguments \(the 2 primal\(s\), then "
+                                        r"the tangents of the 2 differentiable argument\(s\)\).*signature") as info:
+        jax.jvp(lambda a, b: op(a, b)[0], (jnp.ones(2), jnp.ones(2)), (jnp.ones(2), jnp.ones(2)))
+    assert "Check the number of arguments passed to the op" not in str(info.value)
+
+
+def test_op_jointly_linear_in_an_int_and_a_float_argument_differentiates_in_the_float_one():
+    # Before: "argument 0 has dtype float0, which jaxbind cannot pass to a callback".
+    def add(out, args, kwargs_dump):
+        out[0][...] = args[0] + args[1]
+
+    def add_T(out, args, kwargs_dump):
+        out[0][...] = args[0].astype(out[0].dtype)
+        out[1][...] = args[0]
+
+    op = jaxbind.get_linear_call(add, add_T, lambda a, b: ((b.shape, b.dtype),),
+                                 lambda ct: ((ct.shape, np.int32), (ct.shape, ct.dtype)))
+    counts = jnp.arange(3, dtype=jnp.int32)
+    y = jnp.array([0.5, 1.5, 2.5])
+    np.testing.assert_array_equal(op(counts, y)[0], np.arange(3) + np.array([0.5, 1.5, 2.5]))
+    w = jnp.array([1.0, -2.0, 3.0])
+    np.testing.assert_array_equal(jax.grad(lambda y: jnp.dot(w, op(counts, y)[0]))(y), w)
+    _, tangent = jax.jvp(lambda y: op(counts, y)[0], (y,), (w,))
+    np.testing.assert_array_equal(tangent, w)

@@ -393,8 +393,17 @@ def test_copy_any_every_dtype(name):
 
 
 def test_every_non_float8_dtype_is_supported():
-    # the brief: bool, int8..int64, uint8..uint64, float16, bfloat16, float32/64, complex64/128
-    assert all(_have_dtype(n) for n in DTYPE_CODES if n not in FLOAT8)
+    # the brief: bool, int8..int64, uint8..uint64, float16, bfloat16, float32/64, complex64/128.
+    # jaxbind itself maps each to its code (JAX having the dtype is not enough), and
+    # an op passes each one through, both ways.
+    from jaxbind._primitive import SUPPORTED_DTYPES
+    for name in DTYPE_CODES:
+        if name not in FLOAT8:
+            assert SUPPORTED_DTYPES.get(jnp.dtype(name)) == DTYPE_CODES[name], name
+            x = sample(name, (2,), full_range=True)
+            y, code = copy_any_op(x)
+            np.testing.assert_array_equal(np.asarray(y).view(np.uint8), x.view(np.uint8))
+            assert int(code) == DTYPE_CODES[name]
 
 
 @pytest.mark.parametrize("name", ["bool", "float16", "bfloat16", "complex128", "uint64"])
@@ -597,8 +606,10 @@ def test_non_callable_non_kernel_is_a_type_error(bad):
     (None, "NoneType"),
     (2**63, "does not fit in 64 bits"),
     ("a\0b", "contains a NUL character"),
+    (np.array([1, 2**63], dtype=np.uint64), "does not fit in a signed 64-bit integer"),
+    ("a\ud800b", "contains a lone surrogate"),
 ], ids=["dict", "nested_list", "ragged_list", "complex", "2d_array", "strings", "complex_array",
-        "None", "int_too_big", "nul_string"])
+        "None", "int_too_big", "nul_string", "uint64_too_big", "lone_surrogate"])
 def test_unsupported_kwarg_is_a_type_error_at_call_time(value, why):
     x = np.ones(2)
     pattern = rf"op 'jb_scale': keyword argument 'weird' \([^)]*{re.escape(why)}[^)]*\) cannot be passed to a native kernel"
@@ -1149,3 +1160,16 @@ def test_independent_concurrent_chains_give_right_results():
     step = np.sin(np.arange(3000.0)).sum() / 3000
     np.testing.assert_allclose(a, x + 5 * step, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(b, x + 1 + 5 * step, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", ["jb_xsin", "jb_busy", "jb_double", "jb_triple_and_sum"])
+def test_test_kernels_refuse_a_dtype_they_do_not_handle(kernel):
+    # A kernel that assumes float64 and gets float32 would read and write past
+    # the ends of the buffers: it checks and fails instead.
+    def abstract(x):
+        outs = ((x.shape, x.dtype),)
+        return outs + (((), x.dtype),) if kernel == "jb_triple_and_sum" else outs
+
+    op = jaxbind.get_nonlinear_call(getattr(LIB, kernel), (LIB.jb_empty, LIB.jb_empty), abstract, abstract)
+    with pytest.raises(RuntimeError, match=rf"op '{kernel}'.*(float64|dtype code 11)"):
+        jax.block_until_ready(op(jnp.ones(3, jnp.float32)))

@@ -1,0 +1,95 @@
+"""The checking mode (``jaxbind.config.check_unwritten``): outputs a callback or kernel leaves unwritten."""
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbind
+
+LIB = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+
+
+@pytest.fixture
+def checking():
+    jaxbind.config.check_unwritten = True
+    yield
+    jaxbind.config.check_unwritten = False
+
+
+def like_first(*args, **kwargs):
+    return ((args[0].shape, args[0].dtype),)
+
+
+def two_like_first(*args, **kwargs):
+    return ((args[0].shape, args[0].dtype), (args[0].shape, args[0].dtype))
+
+
+def writes(out, args, kwargs_dump):
+    """Writes out[1] and the part of out[0] the kwarg `upto` says (all of it when None)."""
+    upto = jaxbind.load_kwargs(kwargs_dump)["upto"]
+    out[1][...] = args[0]
+    out[0].reshape(-1)[:upto] = 1
+
+
+written = jaxbind.get_nonlinear_call(writes, (writes, writes), two_like_first, two_like_first)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "complex128", "float16", "bfloat16",
+                                   "int32", "uint8", "bool"])
+@pytest.mark.parametrize("upto", [0, 3], ids=["none written", "partly written"])
+def test_unwritten_output_elements_are_reported(checking, dtype, upto):
+    x = jnp.zeros((2, 3), dtype)
+    with pytest.raises(RuntimeError, match=rf"op 'writes'.*output 0 \(shape \(2, 3\)\) was not fully "
+                                           rf"written: {6 - upto} element\(s\).*index \({upto // 3}, 0\)"):
+        jax.block_until_ready(written(x, upto=upto))
+
+
+def test_fully_written_outputs_pass_and_the_mode_can_be_turned_off(checking):
+    x = jnp.arange(6.0).reshape(2, 3)
+    a, b = written(x, upto=None)
+    np.testing.assert_array_equal(a, np.ones((2, 3)))
+    np.testing.assert_array_equal(b, np.arange(6.0).reshape(2, 3))
+    jaxbind.config.check_unwritten = False
+    a, _ = written(x, upto=3)  # unchecked: the unwritten half holds whatever XLA left there
+    np.testing.assert_array_equal(np.asarray(a).reshape(-1)[:3], np.ones(3))
+
+
+def test_one_unwritten_batch_element_is_reported_under_vmap(checking):
+    def skips_negative(out, args, kwargs_dump):
+        if args[0][0] >= 0:  # the element with a negative first entry is left alone
+            out[0][...] = 2 * args[0]
+
+    op = jaxbind.get_linear_call(skips_negative, skips_negative, like_first, like_first)
+    xs = jnp.array([[1.0, 2.0], [-1.0, 0.0], [3.0, 4.0]])
+    with pytest.raises(RuntimeError, match=r"op 'skips_negative'.*output 0 \(shape \(3, 2\)\).*index \(1, 0\)"):
+        jax.block_until_ready(jax.vmap(lambda x: op(x)[0])(xs))
+    good = jnp.abs(xs)
+    np.testing.assert_array_equal(jax.vmap(lambda x: op(x)[0])(good), 2 * np.abs(np.asarray(xs)))
+
+
+@pytest.mark.parametrize("kernel", ["jb_empty", "jb_write_half"])
+def test_unwritten_output_of_a_native_kernel_is_reported(checking, kernel):
+    op = jaxbind.get_linear_call(getattr(LIB, kernel), LIB.jb_empty, like_first, like_first)
+    first = 0 if kernel == "jb_empty" else 2
+    with pytest.raises(RuntimeError, match=rf"op '{kernel}'.*native kernel: output 0 \(shape \(4\)\).*index \({first}\)"):
+        jax.block_until_ready(op(jnp.ones(4))[0])
+    with pytest.raises(RuntimeError, match=rf"op '{kernel}'.*output 0 \(shape \(3, 4\)\)"):
+        jax.block_until_ready(jax.vmap(lambda x: op(x)[0])(jnp.ones((3, 4))))
+    scale = jaxbind.get_linear_call(LIB.jb_scale, LIB.jb_scale, like_first, like_first)
+    np.testing.assert_array_equal(scale(jnp.ones(4))[0], np.full(4, 2.0))
+
+
+def test_environment_variable_turns_the_mode_on():
+    code = "import jaxbind; print(jaxbind.config.check_unwritten)"
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": repo, "JAXBIND_CHECK_UNWRITTEN": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+    with pytest.raises(TypeError, match="True or False"):
+        jaxbind.config.check_unwritten = "yes"

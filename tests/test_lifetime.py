@@ -1,0 +1,212 @@
+"""Lifetimes at the edge of a call: interpreter exit during a callback, arrays kept after one, the view cache."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbind
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def same_shape(*args, **kwargs):
+    return tuple((a.shape, a.dtype) for a in args)
+
+
+# ---------------------------------------------------------------------------
+# Exit while a callback runs
+# ---------------------------------------------------------------------------
+
+# A program with other work beside the op runs on an XLA worker thread; the
+# script ends (or calls sys.exit) while the callback still runs there.
+EXIT_SCRIPT = textwrap.dedent("""
+    import sys, time
+    import jax, jax.numpy as jnp, numpy as np
+    import jaxbind, jaxbind._runtime
+    jaxbind._runtime.EXIT_TIMEOUT_SECONDS = float(sys.argv[2])
+
+    def slow_double(out, args, kwargs_dump):
+        time.sleep(0.3)  # releases the GIL: the main thread goes on to exit
+        np.multiply(args[0], 2, out=out[0])
+
+    def same_shape(x):
+        return ((x.shape, x.dtype),)
+
+    op = jaxbind.get_linear_call(slow_double, slow_double, same_shape, same_shape)
+
+    @jax.jit
+    def program(x, y):
+        return op(x)[0], jnp.sin(y) @ jnp.cos(y).T
+
+    x, y = jnp.ones(10), jnp.ones((300, 300))
+    assert float(program(x, y)[0][0]) == 2.0
+    pending = program(x, y)  # not waited for
+    time.sleep(0.05)
+    print("exiting", flush=True)
+    if sys.argv[1] == "sys.exit":
+        sys.exit(0)
+""")
+
+
+@pytest.mark.parametrize("how", ["end of script", "sys.exit"])
+@pytest.mark.parametrize("timeout", [10.0, 0.0], ids=["exit waits", "exit does not wait"])
+def test_exit_while_a_callback_runs_on_a_worker_thread_is_clean(tmp_path, how, timeout):
+    # Before: "Fatal Python error: PyEval_SaveThread ... finalizing", exit 134 or 139,
+    # in about half the runs. With the exit hook waiting, the callback finishes; when it
+    # does not wait (a callback that outlives the timeout), CPython ends the thread and
+    # jaxbind does not touch the GIL of the dying interpreter.
+    script = tmp_path / "exit_during_callback.py"
+    script.write_text(EXIT_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    runs = [subprocess.Popen([sys.executable, str(script), how, str(timeout)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(3)]
+    for run in runs:
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err[-2000:]
+        assert "exiting" in out
+        assert "Fatal Python error" not in err
+
+
+# ---------------------------------------------------------------------------
+# Arrays a callback keeps after returning
+# ---------------------------------------------------------------------------
+
+KEEPERS = {
+    "a strong reference": lambda out, args: out[0],
+    "a weak reference": lambda out, args: weakref.ref(out[0]),
+    "a slice": lambda out, args: out[0][1:],
+    "a transposed input": lambda out, args: args[0].T,
+    "a memoryview": lambda out, args: memoryview(out[0]),
+    "an array over a memoryview": lambda out, args: np.asarray(memoryview(out[0])),
+    "the whole tuple": lambda out, args: out,
+}
+
+
+def reachable_arrays(kept):
+    """The NumPy arrays and memoryviews a kept object still reaches."""
+    if isinstance(kept, weakref.ref):
+        kept = kept()
+    if isinstance(kept, tuple):
+        return list(kept)
+    return [] if kept is None else [kept]
+
+
+@pytest.mark.parametrize("keeper", list(KEEPERS))
+def test_a_kept_array_is_reported_and_cut_off_xla_memory(keeper):
+    kept = []
+
+    def hoard(out, args, kwargs_dump):
+        np.multiply(args[0], 2, out=out[0])
+        if jaxbind.load_kwargs(kwargs_dump)["keep"]:
+            kept.append(KEEPERS[keeper](out, args))
+
+    op = jaxbind.get_linear_call(hoard, hoard, same_shape, same_shape)
+    f = jax.jit(lambda x: op(x, keep=False)[0])
+    np.testing.assert_array_equal(f(jnp.arange(4.0)), 2 * np.arange(4.0))  # fills the view cache
+    with pytest.raises(RuntimeError, match=r"op 'hoard'.*kept a reference"):
+        jax.block_until_ready(op(jnp.arange(4.0), keep=True)[0])
+    assert len(kept) == 1
+    for array in reachable_arrays(kept[0]):
+        if isinstance(array, memoryview):
+            with pytest.raises(ValueError, match="released"):
+                array.tobytes()
+        else:
+            assert array.size == 0 or array.ndim == 0
+            assert not array.flags.writeable
+    # the op goes on working, and what was kept never reaches a later result
+    results = [f(jnp.arange(4.0) + k) for k in range(3)]
+    for array in reachable_arrays(kept[0]):
+        if isinstance(array, np.ndarray) and array.ndim == 0:
+            with pytest.raises(ValueError, match="read-only"):
+                array[...] = 1e300
+    for k, y in enumerate(results):
+        np.testing.assert_array_equal(y, 2 * (np.arange(4.0) + k))
+
+
+def test_a_kept_zero_dimensional_view_cannot_write_into_results():
+    kept = []
+
+    def hoard(out, args, kwargs_dump):
+        out[0][...] = args[0] + 1
+        kept.append(weakref.ref(out[0]))
+
+    op = jaxbind.get_nonlinear_call(hoard, (hoard, hoard), same_shape, same_shape)
+    with pytest.raises(RuntimeError, match=r"op 'hoard'.*weak reference"):
+        jax.block_until_ready(op(jnp.float64(1.0))[0])
+    view = kept[0]()
+    assert view is None or (not view.flags.writeable and view.ndim == 0)
+
+
+def test_a_callback_that_raises_leaves_no_array_on_xla_memory():
+    kept = []
+
+    def fails(out, args, kwargs_dump):
+        kept.append(out[0][::2])
+        raise ValueError("on purpose")
+
+    op = jaxbind.get_linear_call(fails, fails, same_shape, same_shape)
+    with pytest.raises(RuntimeError, match=r"(?s)ValueError: on purpose.*kept a reference"):
+        jax.block_until_ready(op(jnp.ones(6))[0])
+    assert kept[0].size == 0 and not kept[0].flags.writeable
+
+
+# ---------------------------------------------------------------------------
+# The view cache after overlapping calls
+# ---------------------------------------------------------------------------
+
+
+def test_view_cache_survives_calls_that_overlap_on_two_threads():
+    # The callback of the first thread releases the GIL while a second thread
+    # runs the same call site (with views of its own) and finishes last. A
+    # cached tuple of views is also held by the cache, so a callback sees one
+    # more reference to it than to a new one. Before: the cache stayed off for
+    # good after such an overlap.
+    first_inside, second_inside, first_done = threading.Event(), threading.Event(), threading.Event()
+    refcounts = []
+
+    def double(out, args, kwargs_dump):
+        who = threading.current_thread().name
+        refcounts.append((who, sys.getrefcount(out)))
+        if who == "first":
+            first_inside.set()
+            second_inside.wait(10)
+        elif who == "second":
+            second_inside.set()
+            first_done.wait(10)
+            time.sleep(0.1)  # the first call's handler has returned by now
+        np.multiply(args[0], 2, out=out[0])
+
+    op = jaxbind.get_linear_call(double, double, same_shape, same_shape)
+    f = jax.jit(lambda x: op(x)[0])
+    x = jnp.arange(3.0)
+    f(x), f(x)  # compiled; the second call ran on cached views
+
+    def first():
+        f(x).block_until_ready()
+        first_done.set()
+
+    def second():
+        first_inside.wait(10)
+        f(x).block_until_ready()
+
+    threads = [threading.Thread(target=first, name="first"), threading.Thread(target=second, name="second")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    during = dict(refcounts[2:])
+    assert during["first"] == during["second"] + 1  # cached views, and new ones
+    del refcounts[:]
+    for _ in range(3):
+        np.testing.assert_array_equal(f(x), 2 * np.arange(3.0))
+    assert [count for _, count in refcounts] == [during["first"]] * 3
