@@ -26,17 +26,17 @@ get_aval = getattr(jax, "typeof", None) or jax.core.get_aval
 # field moved: `aval.vma` (jax 0.6 to 0.9), `aval.manual_axis_type.varying`
 # (jax 0.10 on); jax 0.5 has no such types.
 
-_SHAPED_PARAMS = inspect.signature(_core.ShapedArray.__new__).parameters
+_SHAPED_PARAMS = inspect.signature(_core.ShapedArray).parameters  # (__new__ or __init__)
 if "manual_axis_type" in _SHAPED_PARAMS:
     def varying_axes(aval) -> frozenset:
         mat = getattr(aval, "manual_axis_type", None)
-        return mat.varying if mat is not None else frozenset()
+        return getattr(mat, "varying", None) or frozenset()
 
     def _vma_params(vma):
         return {"manual_axis_type": _core.ManualAxisType(varying=vma)} if vma else {}
 elif "vma" in _SHAPED_PARAMS:  # pragma: no cover - jax 0.6 to 0.9
     def varying_axes(aval) -> frozenset:
-        return getattr(aval, "vma", frozenset())
+        return getattr(aval, "vma", None) or frozenset()  # (None on a ShapeDtypeStruct)
 
     def _vma_params(vma):
         return {"vma": frozenset(vma)}
@@ -74,12 +74,21 @@ def sharding_spec(aval) -> tuple:
     return spec + (None,) * (len(aval.shape) - len(spec))
 
 
+try:  # jax.sharding.reshard from jax 0.7 on
+    from jax.sharding import reshard as _reshard
+except ImportError:  # pragma: no cover - jax 0.6
+    try:
+        from jax.experimental.shard import reshard as _reshard
+    except ImportError:  # jax 0.5
+        _reshard = None
+
+
 def reshard_like(x, aval):
     """``x`` resharded to the explicit sharding of ``aval`` (a cotangent to its primal's)."""
     want = sharding_spec(aval)
-    if want == sharding_spec(get_aval(x)) or not hasattr(jax.sharding, "reshard"):
+    if want == sharding_spec(get_aval(x)) or _reshard is None:
         return x
-    return jax.sharding.reshard(x, jax.sharding.PartitionSpec(*want))
+    return _reshard(x, jax.sharding.PartitionSpec(*want))
 
 
 def shaped_array(shape, dtype, like=None, vma=frozenset(), spec=()):
@@ -134,7 +143,8 @@ def register_batch_partitionable(target: str) -> bool:
 
 def batch_partitioning_attributes(ctx, levels: int) -> dict:
     """The custom-call attributes that let XLA split a call along ``levels`` leading dims."""
-    attributes = {"mhlo.frontend_attributes": mlir.ir_attribute({"num_batch_dims": str(levels)})}
+    attributes = {"mhlo.frontend_attributes": mlir.ir.DictAttr.get(
+        {"num_batch_dims": mlir.ir.StringAttr.get(str(levels))})}
     if _sdy_rule is not None and getattr(jax.config, "jax_use_shardy_partitioner", False):
         letters = (f"d{k}" for k in itertools.count())  # a factor per non-batch dimension
         side = lambda avals: ", ".join(  # noqa: E731

@@ -32,6 +32,7 @@ jax.config.update("jax_enable_x64", True)
 
 LIB = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
 Auto = jax.sharding.AxisType.Auto
+set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh  # (jax.set_mesh from 0.7 on)
 
 # ---------------------------------------------------------------------------
 # The ops, each with its jax.numpy reference
@@ -399,7 +400,7 @@ def _fallback_non_batch():
 @case("explicit/vmap_keeps_batch_sharding_in_type")
 def _explicit_vmap():
     m, x = _sharded_batch(explicit=True)
-    with jax.set_mesh(m):
+    with set_mesh(m):
         f = jax.jit(jax.vmap(lambda r: counted_op(r)[0]))
         assert jax.typeof(f(x)).sharding.spec[0] == "d", jax.typeof(f(x))
         y, calls = _count_calls(f, x)
@@ -413,7 +414,7 @@ def _explicit_vmap():
 @case("explicit/unpartitioned_op_grad_keeps_primal_sharding")
 def _explicit_plain():
     m, x = _sharded_batch(explicit=True)
-    with jax.set_mesh(m):
+    with set_mesh(m):
         y = jax.jit(lambda a: linear_op(a)[0])(x)
         compare(y, 2.0 * x)
         g = jax.jit(jax.grad(lambda a: jnp.sum(linear_op(a)[0] ** 2)))(x)
@@ -425,7 +426,7 @@ def _explicit_plain():
 def _explicit_nonlinear():
     m, x = _sharded_batch(explicit=True)
     w = jax.device_put(data((64, 8), 5) + 2.0, NamedSharding(m, P("d")))
-    with jax.set_mesh(m):
+    with set_mesh(m):
         f = jax.jit(jax.vmap(lambda w, r: nonlinear_op(w, r)[0]))
         compare(f(w, x), w * jnp.sin(x))
         g = jax.jit(jax.grad(lambda r: jnp.sum(jax.vmap(lambda w, r: nonlinear_op(w, r)[0])(w, r))))(x)
