@@ -180,13 +180,13 @@ EXPORT int jb_kwargs_probe(const jaxbind_call *call) {
 
 /* func_can_batch: y = factor * x elementwise (float64), and the batch layout
  * checked against the shapes: every batch axis must be a valid axis. Writes
- * batch_levels into out[1] (int64 scalar), -1 when the kwargs are missing. */
+ * batch_levels into every entry of out[1] (int64), -1 when the kwargs are missing. */
 EXPORT int jb_batched_scale(const jaxbind_call *call) {
   if (check_counts(call, 1, 2)) return 1;
   if (check_dtypes(call, "jb_batched_scale", call->in, call->n_in, JAXBIND_FLOAT64) ||
       check_dtypes(call, "jb_batched_scale", call->out, 1, JAXBIND_FLOAT64) ||
       check_dtypes(call, "jb_batched_scale", call->out + 1, 1, JAXBIND_INT64)) return 1;
-  if (jaxbind_size(&call->out[1]) != 1) return jaxbind_fail(call, "jb_batched_scale: out[1] must be a scalar");
+
   const jaxbind_kwarg *levels = jaxbind_find_kwarg(call, "batch_levels");
   const jaxbind_kwarg *axes = jaxbind_find_kwarg(call, "batch_axes");
   int64_t nlev = -1;
@@ -201,7 +201,8 @@ EXPORT int jb_batched_scale(const jaxbind_call *call) {
   const double factor = jaxbind_kwarg_float(call, "factor", 2.0);
   const double *x = call->in[call->n_in - 1].data; double *y = call->out[0].data;
   for (int64_t i = 0, n = jaxbind_size(&call->in[call->n_in - 1]); i < n; ++i) y[i] = factor * x[i];
-  *(int64_t *)call->out[1].data = nlev;
+  int64_t *levels_out = call->out[1].data;  /* batched too under vmap: every entry */
+  for (int64_t i = 0, n = jaxbind_size(&call->out[1]); i < n; ++i) levels_out[i] = nlev;
   return 0;
 }
 

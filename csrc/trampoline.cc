@@ -837,19 +837,29 @@ NB_MODULE(_trampoline, m) {
             size_t k = 0;
             for (nb::handle item : native_kwargs) {
               NativeKwarg& kw = site->native_storage[k++];
-              nb::tuple entry = nb::cast<nb::tuple>(item);
-              kw.name = nb::cast<std::string>(entry[0]);
-              kw.type = nb::cast<int64_t>(entry[1]);
-              switch (kw.type) {
-                case JAXBIND_KW_INT: case JAXBIND_KW_BOOL:
-                  kw.int_value = nb::cast<int64_t>(entry[2]); break;
-                case JAXBIND_KW_FLOAT: kw.float_value = nb::cast<double>(entry[2]); break;
-                case JAXBIND_KW_STRING: kw.string_value = nb::cast<std::string>(entry[2]); break;
-                case JAXBIND_KW_INT_ARRAY:
-                  kw.int_array = nb::cast<std::vector<int64_t>>(entry[2]); break;
-                case JAXBIND_KW_FLOAT_ARRAY:
-                  kw.float_array = nb::cast<std::vector<double>>(entry[2]); break;
-                default: throw nb::value_error("unknown native kwarg type");
+              // The Python side checks every value first; a value that still
+              // does not convert is an error naming the op and the kwarg.
+              try {
+                nb::tuple entry = nb::cast<nb::tuple>(item);
+                kw.name = nb::cast<std::string>(entry[0]);
+                kw.type = nb::cast<int64_t>(entry[1]);
+                switch (kw.type) {
+                  case JAXBIND_KW_INT: case JAXBIND_KW_BOOL:
+                    kw.int_value = nb::cast<int64_t>(entry[2]); break;
+                  case JAXBIND_KW_FLOAT: kw.float_value = nb::cast<double>(entry[2]); break;
+                  case JAXBIND_KW_STRING: kw.string_value = nb::cast<std::string>(entry[2]); break;
+                  case JAXBIND_KW_INT_ARRAY:
+                    kw.int_array = nb::cast<std::vector<int64_t>>(entry[2]); break;
+                  case JAXBIND_KW_FLOAT_ARRAY:
+                    kw.float_array = nb::cast<std::vector<double>>(entry[2]); break;
+                  default: throw nb::value_error("unknown native kwarg type");
+                }
+              } catch (const std::exception& err) {
+                PyErr_Clear();
+                throw nb::type_error(("jaxbind " + site->name + ": keyword argument '" + kw.name +
+                                      "' cannot be passed to a native kernel (" + err.what() +
+                                      "): ints must fit in 64 bits, strings be valid UTF-8")
+                                         .c_str());
               }
             }
             // Point the C views at the storage, which no longer moves.

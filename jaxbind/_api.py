@@ -26,7 +26,9 @@ class Op:
     compare and hash equal.
     """
 
-    __slots__ = ("definition", "_entries", "__weakref__")
+    # __dict__: code written for JAXbind sets attributes on ops (op.__doc__ = ...);
+    # they play no part in equality or hashing.
+    __slots__ = ("definition", "_entries", "__dict__", "__weakref__")
 
     def __init__(self, definition: OpDef):
         self.definition = definition
@@ -93,7 +95,7 @@ class Op:
             )
         kwargs = Kwargs(values, d.name)
         if d.has_native:
-            kernel_kwargs(kwargs.values, f"op '{d.name}'")  # refuses what a kernel cannot take
+            kernel_kwargs(values, f"op '{d.name}'")  # refuses what a kernel cannot take
         return kwargs
 
     def __eq__(self, other):
@@ -126,6 +128,26 @@ def _callback(value, what: str, name: str):
             f"function, a numba cfunc, a PyCapsule or jaxbind.native(address)), got {type(value).__name__}."
         )
     return value
+
+
+def _drop_fixed_places(name: str, f_T: tuple, abstract_T: tuple, n_fixed: int):
+    """Transposes and abstracts of a multilinear op, one per linear argument.
+
+    JAXbind's form indexes them by argument position, fixed arguments included,
+    with None in the fixed places: ``(None, f_T1)`` with ``first_n_args_fixed=1``.
+    """
+    if not any(t is None for t in f_T + abstract_T):
+        return f_T, abstract_T
+    places = [i for i, (t, a) in enumerate(zip(f_T, abstract_T)) if t is None or a is None]
+    if places != list(range(n_fixed)) or any(t is not None for t in f_T[:n_fixed] + abstract_T[:n_fixed]):
+        raise ValueError(
+            f"jaxbind op '{name}': f_T and abstract_T have None at positions {places}. None marks a "
+            f"fixed argument when the transposes are indexed by argument position, so it must be "
+            f"at exactly the first first_n_args_fixed={n_fixed} positions of both (then one "
+            "transpose per linear argument follows); otherwise give one transpose per linear "
+            "argument and no None."
+        )
+    return f_T[n_fixed:], abstract_T[n_fixed:]
 
 
 def _check_callable(value, what: str, name: str):
@@ -190,6 +212,7 @@ def get_linear_call(
                 f"jaxbind op '{name}': f_T is a tuple of {len(f_T)} transposes (a multilinear op), "
                 f"so abstract_T must be a tuple of as many abstract functions, got {abstract_T!r:.100}."
             )
+        f_T, abstract_T = _drop_fixed_places(name, tuple(f_T), tuple(abstract_T), first_n_args_fixed)
         if not f_T:
             raise ValueError(f"jaxbind op '{name}': f_T is an empty tuple; give one transpose per linear argument.")
         f_T = tuple(_callback(t, f"f_T[{i}]", name) for i, t in enumerate(f_T))

@@ -28,13 +28,16 @@ def _contains_tracer(value: Any) -> bool:
 
 
 class Kwargs:
-    """A kwargs dict with its pickled bytes; equal and hashed by those bytes.
+    """A kwargs dict held as its pickled bytes; equal and hashed by those bytes.
 
     Because equality is by value, a repeated value (even a new list or NumPy
-    array with the same contents) maps to the same compiled code.
+    array with the same contents) maps to the same compiled code. Only the
+    bytes are kept (one copy of each value, which the callbacks receive):
+    ``values`` unpickles a fresh dict, so a caller who mutates a list it
+    passed changes nothing that was traced or compiled with it.
     """
 
-    __slots__ = ("values", "dump", "_hash")
+    __slots__ = ("dump", "_hash")
 
     def __init__(self, values: dict, op_name: str):
         for key, value in values.items():
@@ -57,9 +60,13 @@ class Kwargs:
                 "Keyword arguments reach the callbacks serialized with pickle; pass values "
                 "pickle can handle (numbers, strings, lists, dicts, NumPy arrays, ...)."
             ) from err
-        self.values = values
         self.dump = dump
         self._hash = hash(dump)
+
+    @property
+    def values(self) -> dict:
+        """The kwargs, unpickled anew (a snapshot taken when the op was called)."""
+        return pickle.loads(self.dump)
 
     def with_values(self, **extra) -> "Kwargs":
         """A copy with more entries (used for ``batch_axes``)."""

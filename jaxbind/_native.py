@@ -154,6 +154,10 @@ def _kwarg_entry(key, value, label: str):
     if isinstance(value, str):
         if "\0" in value:
             raise refuse(": contains a NUL character")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise refuse(": not valid UTF-8, it contains a lone surrogate") from None
         return (key, KW_STRING, value)
     if isinstance(value, (list, tuple, np.ndarray)):
         try:
@@ -164,7 +168,10 @@ def _kwarg_entry(key, value, label: str):
             raise refuse(f" of {array.ndim} dimensions")
         if np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_ or (
                 array.size == 0 and not isinstance(value, np.ndarray)):  # [] counts as ints
-            return (key, KW_INT_ARRAY, [int(v) for v in array])
+            ints = [int(v) for v in array]
+            if not all(-(1 << 63) <= v < (1 << 63) for v in ints):
+                raise refuse(f" of dtype {array.dtype}: an entry does not fit in a signed 64-bit integer")
+            return (key, KW_INT_ARRAY, ints)
         if np.issubdtype(array.dtype, np.floating):
             return (key, KW_FLOAT_ARRAY, [float(v) for v in array])
         raise refuse(f" of dtype {array.dtype}")

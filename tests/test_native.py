@@ -597,8 +597,10 @@ def test_non_callable_non_kernel_is_a_type_error(bad):
     (None, "NoneType"),
     (2**63, "does not fit in 64 bits"),
     ("a\0b", "contains a NUL character"),
+    (np.array([1, 2**63], dtype=np.uint64), "does not fit in a signed 64-bit integer"),
+    ("a\ud800b", "contains a lone surrogate"),
 ], ids=["dict", "nested_list", "ragged_list", "complex", "2d_array", "strings", "complex_array",
-        "None", "int_too_big", "nul_string"])
+        "None", "int_too_big", "nul_string", "uint64_too_big", "lone_surrogate"])
 def test_unsupported_kwarg_is_a_type_error_at_call_time(value, why):
     x = np.ones(2)
     pattern = rf"op 'jb_scale': keyword argument 'weird' \([^)]*{re.escape(why)}[^)]*\) cannot be passed to a native kernel"

@@ -1,0 +1,55 @@
+"""Keyword arguments: static values keyed by value, snapshotted when the op is called, kept once."""
+
+import gc
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxbind
+from jaxbind._kwargs import Kwargs
+
+
+def fill_with_weights(out, args, kwargs_dump):
+    """out = the kwarg `weights` as an array (and args[0] only sets the dtype)."""
+    out[0][...] = np.asarray(jaxbind.load_kwargs(kwargs_dump)["weights"], dtype=out[0].dtype)
+
+
+def weights_abstract(x, *, weights):
+    return (((len(weights),), x.dtype),)
+
+
+op = jaxbind.get_linear_call(fill_with_weights, fill_with_weights, weights_abstract, weights_abstract)
+
+
+def test_a_kwarg_mutated_after_the_call_changes_nothing_traced_with_it():
+    # Before: the cached eager call kept the caller's list; a retrace (here for a
+    # new dtype) took its shapes from the mutated list: [2., 2., 2.] for [2., 2.].
+    weights = [2.0, 2.0]
+    np.testing.assert_array_equal(op(jnp.ones(1), weights=weights)[0], [2.0, 2.0])
+    weights.append(2.0)
+    np.testing.assert_array_equal(op(jnp.ones(1, jnp.float32), weights=[2.0, 2.0])[0], [2.0, 2.0])
+    np.testing.assert_array_equal(op(jnp.ones(1), weights=weights)[0], [2.0, 2.0, 2.0])
+
+
+def test_kwargs_values_are_a_fresh_snapshot():
+    values = {"weights": [1.0, 2.0]}
+    kwargs = Kwargs(values, "op")
+    values["weights"].append(3.0)
+    assert kwargs.values == {"weights": [1.0, 2.0]}
+    kwargs.values["weights"].append(4.0)
+    assert kwargs.values == {"weights": [1.0, 2.0]}
+
+
+def test_an_array_kwarg_is_not_kept_besides_its_serialized_bytes():
+    # Before: every distinct value was kept twice (the object in the call-site
+    # key and its pickle in the compiled call site).
+    weights = np.linspace(0.0, 1.0, 1000)
+    alive = weakref.ref(weights)
+    y = jax.jit(lambda x: op(x, weights=weights)[0])(jnp.ones(1))
+    np.testing.assert_array_equal(y, np.linspace(0.0, 1.0, 1000))
+    np.testing.assert_array_equal(op(jnp.ones(1), weights=weights)[0], np.linspace(0.0, 1.0, 1000))
+    del weights
+    gc.collect()
+    assert alive() is None
