@@ -55,7 +55,15 @@ class Op:
         call = _COMPILED.get((role, kwargs))
         if call is None:  # equal ops share it
             call = _COMPILED[role, kwargs] = jax.jit(functools.partial(_bind_arrays, role=role, kwargs=kwargs))
-        return call(*args)
+        try:
+            return call(*args)
+        except ValueError as err:
+            # JAX's C++ fast path for a jitted call that already ran raises every
+            # runtime error as ValueError (jax-ml/jax#34083); an eager call
+            # raises what the first call raises, JaxRuntimeError.
+            if not str(err).startswith(_RUNTIME_ERROR_PREFIXES):
+                raise
+            raise jax.errors.JaxRuntimeError(str(err)).with_traceback(err.__traceback__) from None
 
     def _entry(self, n: int):
         """Check the number of arguments once; the role the op plays when called with n."""
@@ -109,6 +117,8 @@ class Op:
 
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, numbers.Number)
+# How the errors of jaxbind's handler begin (an XLA status code, then jaxbind's text).
+_RUNTIME_ERROR_PREFIXES = ("INTERNAL: jaxbind", "INVALID_ARGUMENT: jaxbind")
 _NO_KWARGS = Kwargs({}, "")
 _COMPILED = {}  # (role, kwargs) -> the jitted call that concrete arguments run
 

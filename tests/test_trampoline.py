@@ -302,3 +302,57 @@ def test_views_reused_between_calls_stay_correct_and_guarded():
         jax.block_until_ready(op(jnp.ones(3), keep=True)[0])
     kept.clear()
     np.testing.assert_allclose(f(jnp.ones(3)), 1 + np.arange(3))
+
+
+def test_the_exception_type_a_failing_callback_raises_on_every_path():
+    # What users get (jax 0.10.2): jax.errors.JaxRuntimeError, a RuntimeError, from
+    # an eager call (first or cached), a jitted function's first call, and any call
+    # whose program XLA runs on its worker threads. A jitted function that already
+    # ran successfully, whose program XLA runs on the calling thread, raises what
+    # JAX's C++ fast path makes of every runtime error: ValueError since jax 0.7.2
+    # (jax-ml/jax#34083), exactly as for jax.pure_callback. The message is the same.
+    def fails_on_negative(out, args, kwargs_dump):
+        if args[0][0] < 0:
+            raise ZeroDivisionError("negative input")
+        out[0][...] = args[0]
+
+    op = jaxbind.get_linear_call(fails_on_negative, fails_on_negative, same_shape, same_shape)
+    message = r"op 'fails_on_negative'.*ZeroDivisionError: negative input"
+    ok, bad = jnp.ones(3), -jnp.ones(3)
+
+    def raised(fn, *args):
+        with pytest.raises(Exception, match=message) as info:
+            jax.block_until_ready(fn(*args))
+        return type(info.value)
+
+    def reference(x):  # the same failure through JAX's own callback
+        def host(x):
+            if x[0] < 0:
+                raise ZeroDivisionError("negative input")
+            return x
+        return jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+    eager = lambda x: op(x)[0]  # noqa: E731
+    assert raised(eager, bad) is jax.errors.JaxRuntimeError  # first eager call
+    eager(ok), eager(ok)
+    assert raised(eager, bad) is jax.errors.JaxRuntimeError  # cached eager call
+
+    first = jax.jit(lambda x: op(x)[0] * 2)
+    assert raised(first, bad) is jax.errors.JaxRuntimeError  # a jitted function's first call
+
+    y = jnp.ones((300, 300))  # other work: XLA runs the program on its worker threads
+    wide = jax.jit(lambda x, y: (op(x)[0], jnp.sin(y) @ jnp.cos(y).T))
+    wide(ok, y), wide(ok, y)
+    assert raised(wide, bad, y) is jax.errors.JaxRuntimeError
+
+    cached, cached_reference = jax.jit(lambda x: op(x)[0] * 3), jax.jit(reference)
+    for fn in (cached, cached_reference):
+        fn(ok), fn(ok)
+    assert raised(cached, bad) is raised_reference_type(cached_reference, bad)
+    assert issubclass(raised(cached, bad), (RuntimeError, ValueError))
+
+
+def raised_reference_type(fn, x):
+    with pytest.raises(Exception, match="negative input") as info:
+        jax.block_until_ready(fn(x))
+    return type(info.value)
