@@ -179,6 +179,28 @@ def test_equal_ops_share_compiled_code():
     assert len(traces) == 1
 
 
+def test_ops_differing_only_in_their_callback_are_unequal_and_keep_their_own_code():
+    def scaling_by(factor):
+        def scale(out, args, kwargs_dump):  # the same __name__ for every factor
+            out[0][...] = factor * args[0]
+        return scale
+
+    def abstract(x):
+        return ((x.shape, x.dtype),)
+
+    by_two, by_three = scaling_by(2.0), scaling_by(3.0)
+    double = jaxbind.get_linear_call(by_two, by_two, abstract, abstract)
+    triple = jaxbind.get_linear_call(by_three, by_three, abstract, abstract)
+    assert double.name == triple.name == "scale"
+    assert double != triple
+    assert double == jaxbind.get_linear_call(by_two, by_two, abstract, abstract)
+    x = jnp.arange(3.0)
+    for call in (lambda op: op(x)[0], lambda op: jax.jit(lambda v: op(v)[0])(x)):
+        np.testing.assert_array_equal(call(double), 2 * np.arange(3.0))
+        np.testing.assert_array_equal(call(triple), 3 * np.arange(3.0))
+    np.testing.assert_array_equal(jax.grad(lambda v: jnp.sum(triple(v)[0]))(x), np.full(3, 3.0))
+
+
 def test_callback_exception_names_op_and_process_survives():
     def fragile(out, args, kwargs_dump):
         if args[0][0] < 0:
