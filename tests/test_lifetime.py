@@ -210,3 +210,30 @@ def test_view_cache_survives_calls_that_overlap_on_two_threads():
     for _ in range(3):
         np.testing.assert_array_equal(f(x), 2 * np.arange(3.0))
     assert [count for _, count in refcounts] == [during["first"]] * 3
+
+
+def test_an_exit_hook_may_still_call_ops_on_the_exiting_thread(tmp_path):
+    # Hooks registered before jaxbind was imported run after jaxbind's own.
+    script = tmp_path / "op_in_exit_hook.py"
+    script.write_text(textwrap.dedent("""
+        import atexit
+        def late_hook():
+            import jax.numpy as jnp
+            print("at exit:", [float(v) for v in op(jnp.arange(3.0))[0]], flush=True)
+        atexit.register(late_hook)
+
+        import numpy as np
+        import jaxbind
+
+        def double(out, args, kwargs_dump):
+            np.multiply(args[0], 2, out=out[0])
+
+        def same_shape(x):
+            return ((x.shape, x.dtype),)
+
+        op = jaxbind.get_linear_call(double, double, same_shape, same_shape)
+    """))
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "at exit: [0.0, 2.0, 4.0]" in run.stdout
