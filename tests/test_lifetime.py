@@ -15,7 +15,9 @@ import pytest
 
 import jaxbind
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Where the jaxbind under test was imported from (the source tree or site-packages):
+# subprocesses import the same one.
+JAXBIND_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(jaxbind.__file__)))
 
 
 def same_shape(*args, **kwargs):
@@ -66,7 +68,7 @@ def test_exit_while_a_callback_runs_on_a_worker_thread_is_clean(tmp_path, how, t
     # jaxbind does not touch the GIL of the dying interpreter.
     script = tmp_path / "exit_during_callback.py"
     script.write_text(EXIT_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": JAXBIND_PARENT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     runs = [subprocess.Popen([sys.executable, str(script), how, str(timeout)], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(3)]
@@ -233,7 +235,7 @@ def test_an_exit_hook_may_still_call_ops_on_the_exiting_thread(tmp_path):
 
         op = jaxbind.get_linear_call(double, double, same_shape, same_shape)
     """))
-    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": JAXBIND_PARENT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "at exit: [0.0, 2.0, 4.0]" in run.stdout
