@@ -1,6 +1,7 @@
 """Lifetimes at the edge of a call: interpreter exit during a callback, arrays kept after one, the view cache."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -31,7 +32,7 @@ def same_shape(*args, **kwargs):
 # A program with other work beside the op runs on an XLA worker thread; the
 # script ends (or calls sys.exit) while the callback still runs there.
 EXIT_SCRIPT = textwrap.dedent("""
-    import sys, time
+    import os, signal, sys, time
     import jax, jax.numpy as jnp, numpy as np
     import jaxbind, jaxbind._runtime
     jaxbind._runtime.EXIT_TIMEOUT_SECONDS = float(sys.argv[2])
@@ -56,10 +57,13 @@ EXIT_SCRIPT = textwrap.dedent("""
     print("exiting", flush=True)
     if sys.argv[1] == "sys.exit":
         sys.exit(0)
+    if sys.argv[1] == "Ctrl-C":
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # interrupted: KeyboardInterrupt ends the script
 """)
 
 
-@pytest.mark.parametrize("how", ["end of script", "sys.exit"])
+@pytest.mark.parametrize("how", ["end of script", "sys.exit", "Ctrl-C"])
 @pytest.mark.parametrize("timeout", [10.0, 0.0], ids=["exit waits", "exit does not wait"])
 def test_exit_while_a_callback_runs_on_a_worker_thread_is_clean(tmp_path, how, timeout):
     # Before: "Fatal Python error: PyEval_SaveThread ... finalizing", exit 134 or 139,
@@ -74,7 +78,8 @@ def test_exit_while_a_callback_runs_on_a_worker_thread_is_clean(tmp_path, how, t
             for _ in range(3)]
     for run in runs:
         out, err = run.communicate(timeout=120)
-        assert run.returncode == 0, err[-2000:]
+        # an uncaught KeyboardInterrupt ends Python by SIGINT, as the shell expects
+        assert run.returncode == (-signal.SIGINT if how == "Ctrl-C" else 0), err[-2000:]
         assert "exiting" in out
         assert "Fatal Python error" not in err
 
