@@ -160,6 +160,7 @@ alignas(64) char g_empty_storage[64];
 // that released a GIL it no longer holds would abort the process.
 std::atomic<int64_t> g_python_calls{0};
 std::atomic<bool> g_shutting_down{false};
+std::atomic<unsigned long> g_exiting_thread{0};  // runs the exit hooks, then finalizes
 
 bool PythonFinalizing() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -179,7 +180,10 @@ class GilHold {
  public:
   GilHold() {
     g_python_calls.fetch_add(1);  // sequentially consistent with Shutdown's flag
-    if (g_shutting_down.load() || !Py_IsInitialized() || PythonFinalizing()) return;
+    if (!Py_IsInitialized() || PythonFinalizing()) return;
+    // After the exit hook only the exiting thread (CPython never ends it) may
+    // still run callbacks, e.g. from later exit hooks.
+    if (g_shutting_down.load() && PyThread_get_thread_ident() != g_exiting_thread.load()) return;
     held_ = true;
     if (PyGILState_Check()) return;  // this thread holds the GIL already
     PyThreadState* ts = PyGILState_GetThisThreadState();
@@ -211,6 +215,7 @@ class GilHold {
 // running ones; called (with the GIL) by jaxbind's atexit hook. Returns how
 // many callbacks were still running.
 int64_t Shutdown(double timeout) {
+  g_exiting_thread.store(PyThread_get_thread_ident());
   g_shutting_down.store(true);
   PyThreadState* state = PyEval_SaveThread();  // let running callbacks finish
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);

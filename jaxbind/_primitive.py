@@ -442,10 +442,11 @@ def _transpose_rule(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
         new_batch = None
         declared = [shape for shape, _, _ in call_abstract(new_role, structs, kwargs)]
         primal = [args[i].aval.shape for i in range(start, stop)]
-    if len(declared) != stop - start:
+    n_declared = len(outs) if isinstance(batch, NativeBatch) else len(declared)  # declared: zipped with moves
+    if n_declared != stop - start:
         raise ValueError(
             f"jaxbind {new_role.label}: its abstract function '{_name_of(new_role.abstract)}' "
-            f"declares {len(declared)} output(s), but this callback computes the cotangents of "
+            f"declares {n_declared} output(s), but this callback computes the cotangents of "
             f"{stop - start} linear argument(s) ({', '.join(_argument_text(role, i, start) for i in range(start, stop))}). "
             "It must return one (shape, dtype) per linear argument, in order."
         )

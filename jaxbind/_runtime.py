@@ -77,11 +77,9 @@ def _retire_derived(views):
             except ValueError:  # released
                 pass
     reaching = kept | {id(m) for m in memoryviews}
-    found = {}
-    for holder in holders:
-        for obj in gc.get_referents(holder):
-            if isinstance(obj, np.ndarray) and id(obj.base) in reaching and id(obj) not in kept:
-                found[id(obj)] = obj
+    ndarray = np.ndarray
+    found = {id(obj): obj for obj in gc.get_referents(*holders)
+             if isinstance(obj, ndarray) and id(obj.base) in reaching and id(obj) not in kept}
     for array in found.values():
         if not array.flags.owndata:
             _trampoline.retire(array)

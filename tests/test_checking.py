@@ -85,11 +85,12 @@ def test_unwritten_output_of_a_native_kernel_is_reported(checking, kernel):
     np.testing.assert_array_equal(scale(jnp.ones(4))[0], np.full(4, 2.0))
 
 
-def test_environment_variable_turns_the_mode_on():
+def test_environment_variable_turns_the_mode_on(tmp_path):
     code = "import jaxbind; print(jaxbind.config.check_unwritten)"
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": repo, "JAXBIND_CHECK_UNWRITTEN": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    imported_from = os.path.dirname(os.path.dirname(os.path.abspath(jaxbind.__file__)))
+    env = {**os.environ, "PYTHONPATH": imported_from, "JAXBIND_CHECK_UNWRITTEN": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         check=True)
     assert out.stdout.strip() == "True"
     with pytest.raises(TypeError, match="True or False"):
         jaxbind.config.check_unwritten = "yes"

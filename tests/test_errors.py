@@ -270,3 +270,27 @@ def test_op_jointly_linear_in_an_int_and_a_float_argument_differentiates_in_the_
     np.testing.assert_array_equal(jax.grad(lambda y: jnp.dot(w, op(counts, y)[0]))(y), w)
     _, tangent = jax.jvp(lambda y: op(counts, y)[0], (y,), (w,))
     np.testing.assert_array_equal(tangent, w)
+
+
+@pytest.mark.parametrize("declared", [1, 3])
+@pytest.mark.parametrize("batching", ["walked", "native"])
+def test_cotangent_count_is_checked_under_vmap_too(declared, batching):
+    native = batching == "native"
+
+    def axis_of(batch_axes):
+        return () if batch_axes is None else (batch_axes[0][-1],)
+
+    def forward_abstract(a, b, *tangents, batch_axes=None):
+        return ((a.shape, a.dtype) + axis_of(batch_axes),)
+
+    def abstract_reverse(a, b, ct, batch_axes=None):
+        return ((a.shape, a.dtype) + axis_of(batch_axes),) * declared
+
+    def product_any(out, args, kwargs_dump):
+        out[0][...] = args[0] * args[1]
+
+    op = jaxbind.get_nonlinear_call(product_any, (product_any, product_any), forward_abstract, abstract_reverse,
+                                    func_can_batch=native)
+    loss = lambda a, b: jnp.sum(jax.vmap(lambda a, b: op(a, b)[0])(a, b))  # noqa: E731
+    with pytest.raises(ValueError, match=rf"declares {declared} output\(s\).*2 linear argument\(s\)"):
+        jax.grad(loss, argnums=1)(jnp.ones((2, 3)), jnp.ones((2, 3)))

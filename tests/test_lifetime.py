@@ -1,6 +1,7 @@
 """Lifetimes at the edge of a call: interpreter exit during a callback, arrays kept after one, the view cache."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,9 @@ import pytest
 
 import jaxbind
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Where the jaxbind under test was imported from (the source tree or site-packages):
+# subprocesses import the same one.
+JAXBIND_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(jaxbind.__file__)))
 
 
 def same_shape(*args, **kwargs):
@@ -29,7 +32,7 @@ def same_shape(*args, **kwargs):
 # A program with other work beside the op runs on an XLA worker thread; the
 # script ends (or calls sys.exit) while the callback still runs there.
 EXIT_SCRIPT = textwrap.dedent("""
-    import sys, time
+    import os, signal, sys, time
     import jax, jax.numpy as jnp, numpy as np
     import jaxbind, jaxbind._runtime
     jaxbind._runtime.EXIT_TIMEOUT_SECONDS = float(sys.argv[2])
@@ -54,10 +57,13 @@ EXIT_SCRIPT = textwrap.dedent("""
     print("exiting", flush=True)
     if sys.argv[1] == "sys.exit":
         sys.exit(0)
+    if sys.argv[1] == "Ctrl-C":
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # interrupted: KeyboardInterrupt ends the script
 """)
 
 
-@pytest.mark.parametrize("how", ["end of script", "sys.exit"])
+@pytest.mark.parametrize("how", ["end of script", "sys.exit", "Ctrl-C"])
 @pytest.mark.parametrize("timeout", [10.0, 0.0], ids=["exit waits", "exit does not wait"])
 def test_exit_while_a_callback_runs_on_a_worker_thread_is_clean(tmp_path, how, timeout):
     # Before: "Fatal Python error: PyEval_SaveThread ... finalizing", exit 134 or 139,
@@ -66,13 +72,14 @@ def test_exit_while_a_callback_runs_on_a_worker_thread_is_clean(tmp_path, how, t
     # jaxbind does not touch the GIL of the dying interpreter.
     script = tmp_path / "exit_during_callback.py"
     script.write_text(EXIT_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": JAXBIND_PARENT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     runs = [subprocess.Popen([sys.executable, str(script), how, str(timeout)], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(3)]
     for run in runs:
         out, err = run.communicate(timeout=120)
-        assert run.returncode == 0, err[-2000:]
+        # an uncaught KeyboardInterrupt ends Python by SIGINT, as the shell expects
+        assert run.returncode == (-signal.SIGINT if how == "Ctrl-C" else 0), err[-2000:]
         assert "exiting" in out
         assert "Fatal Python error" not in err
 
@@ -210,3 +217,30 @@ def test_view_cache_survives_calls_that_overlap_on_two_threads():
     for _ in range(3):
         np.testing.assert_array_equal(f(x), 2 * np.arange(3.0))
     assert [count for _, count in refcounts] == [during["first"]] * 3
+
+
+def test_an_exit_hook_may_still_call_ops_on_the_exiting_thread(tmp_path):
+    # Hooks registered before jaxbind was imported run after jaxbind's own.
+    script = tmp_path / "op_in_exit_hook.py"
+    script.write_text(textwrap.dedent("""
+        import atexit
+        def late_hook():
+            import jax.numpy as jnp
+            print("at exit:", [float(v) for v in op(jnp.arange(3.0))[0]], flush=True)
+        atexit.register(late_hook)
+
+        import numpy as np
+        import jaxbind
+
+        def double(out, args, kwargs_dump):
+            np.multiply(args[0], 2, out=out[0])
+
+        def same_shape(x):
+            return ((x.shape, x.dtype),)
+
+        op = jaxbind.get_linear_call(double, double, same_shape, same_shape)
+    """))
+    env = {**os.environ, "PYTHONPATH": JAXBIND_PARENT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "at exit: [0.0, 2.0, 4.0]" in run.stdout
