@@ -562,9 +562,9 @@ def _batch_rule(args, dims, *, role: Role, kwargs: Kwargs, batch: Batch):
         if mapped:
             x = jnp.moveaxis(x, d, 0) if d != 0 else x
         elif method == "expand_dims":
-            x = x[None]
+            x = jnp.expand_dims(x, 0)
         elif method == "broadcast_all":
-            x, mapped = jnp.broadcast_to(x[None], (size,) + x.shape), True
+            x, mapped = jnp.broadcast_to(x, (size,) + jnp.shape(x)), True
         new_args.append(x)
         masks.append((mapped,) + mask)
     outs = bind(new_args, role, kwargs, WalkBatch(tuple(masks)))

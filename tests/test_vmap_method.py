@@ -274,6 +274,16 @@ def test_methods_are_part_of_the_op():
     assert default == ops["sequential"]
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_python_scalar_argument_not_mapped(method, seen):
+    op, ref, _, _ = make_ops(method)["nonlinear"]
+    x = jnp.linspace(0.0, 1.0, 5)
+    got = jax.jit(jax.vmap(jax.grad(lambda x: op(1.5, x, 2.0)[0]), in_axes=0))(x)
+    assert_close(got, jax.vmap(jax.grad(lambda x: ref(1.5, x, 2.0)))(x))
+    if method == "expand_dims":  # and the cotangent of each scalar, 1.0, is not mapped either
+        assert seen == [("wsin", ((1,), (5,), (1,))), ("wsin_vjp", ((1,), (5,), (1,), (1,)))]
+
+
 def test_empty_batch_calls_nothing(seen):
     op, ref, _, _ = make_ops("expand_dims")["linear"]
     A, X = jnp.ones((4, 3)), jnp.ones((0, 3))
