@@ -280,8 +280,8 @@ def test_python_scalar_argument_not_mapped(method, seen):
     x = jnp.linspace(0.0, 1.0, 5)
     got = jax.jit(jax.vmap(jax.grad(lambda x: op(1.5, x, 2.0)[0]), in_axes=0))(x)
     assert_close(got, jax.vmap(jax.grad(lambda x: ref(1.5, x, 2.0)))(x))
-    if method == "expand_dims":  # and the cotangent of each scalar, 1.0, is not mapped either
-        assert seen == [("wsin", ((1,), (5,), (1,))), ("wsin_vjp", ((1,), (5,), (1,), (1,)))]
+    if method == "expand_dims":  # the cotangent of each scalar, 1.0, is not mapped either
+        assert seen == [("wsin_vjp", ((1,), (5,), (1,), (1,)))]  # (the forward value is unused)
 
 
 def test_empty_batch_calls_nothing(seen):
