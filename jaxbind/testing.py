@@ -240,6 +240,11 @@ class _Checker:
             h = eps ** 0.2 * max(1.0, float(jnp.sqrt(jnp.mean(jnp.abs(x0) ** 2))) if x0.size else 1.0)
             check = "jvp against central differences"
             _, tangent_out = self.attempt(check, argument, lambda: jax.jvp(f_of, (x0,), (t,)))
+            for j, (jv, o) in enumerate(zip(tangent_out, self.outs)):
+                if jnp.issubdtype(o.dtype, jnp.inexact) and (jv.shape, jv.dtype) != (o.shape, o.dtype):
+                    self.fail(check, argument, f"the tangent of output {j} has shape {jv.shape} and dtype "
+                              f"{jv.dtype}, but the output has {o.shape} {o.dtype} (check what the abstract "
+                              "declares when called with the tangents)")
             points = [self.attempt(check, argument, lambda k=k: f_of(x0 + (k * h) * t)) for k in (-2, -1, 1, 2)]
             fd = [(m2 - 8 * m1 + 8 * p1 - p2) / (12 * h) for m2, m1, p1, p2 in zip(*points)]
             tol = 1e3 * eps ** 0.8

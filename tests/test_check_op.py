@@ -299,3 +299,19 @@ def test_catches_a_wrong_output_batch_axis():
 def test_refuses_what_is_not_an_op():
     with pytest.raises(TypeError, match="check_op takes a jaxbind op"):
         check_op(np.sin, X)
+
+
+def test_catches_a_jvp_abstract_with_another_dtype():
+    def sine(out, args, kwargs_dump):
+        out[0][...] = np.sin(args[0])
+
+    def sine_derivative(out, args, kwargs_dump):
+        out[0][...] = np.cos(args[0]) * args[1]
+
+    def abstract(x, *tangents):  # the mistake: the tangent declared in single precision
+        return ((x.shape, np.float32 if tangents else x.dtype),)
+
+    op = jaxbind.get_nonlinear_call(sine, (sine_derivative, sine_derivative), abstract, like_last, name="sine")
+    with pytest.raises(AssertionError, match=r"'sine': jvp against central differences failed for argument 0: "
+                                             r"the tangent of output 0 has shape \(3,\) and dtype float32"):
+        check_op(op, X)
