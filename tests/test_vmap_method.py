@@ -354,3 +354,19 @@ def test_nested_level_mismatch_names_the_level():
     with pytest.raises(ValueError, match=r"jaxbind op 'twice': .* declares output 0 with shape \(5, 2, 3\), "
                                          r"which does not hold the batch"):
         jax.jit(jax.vmap(jax.vmap(lambda x: op(x)[0]))).lower(X)
+
+
+@pytest.mark.parametrize("method", ["expand_dims", "broadcast_all"])
+def test_native_kernel_gets_the_whole_batch(method):
+    """A native kernel is called once on the whole arrays, with no batch kwargs."""
+    import ctypes
+    import os
+
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+    op = jaxbind.get_linear_call(lib.jb_scale, lib.jb_scale, like_last, like_last, first_n_args_fixed=1,
+                                 vmap_method=method)  # out = factor * (the last input)
+    w, X = jnp.ones(3), jnp.asarray(np.random.default_rng(0).standard_normal((5, 3)))
+    f = lambda x: op(w, x, factor=3.0)[0]  # noqa: E731
+    assert_close(jax.jit(jax.vmap(f))(X), 3.0 * X)
+    assert_close(jax.jit(jax.vmap(jax.grad(lambda x: jnp.sum(f(x) ** 2))))(X), 18.0 * X)
+    jaxbind.testing.check_op(op, w, X[0], factor=3.0)
