@@ -306,14 +306,15 @@ class _Checker:
                 # The op inside a vmap over something else (a scale of its outputs).
                 scales = jnp.arange(1.0, BATCH + 1.0)
                 fn = lambda s: [s * o for o in self.call(*elements[0])]
-                got = self.attempt("vmap", name, lambda: jax.vmap(fn)(scales))
+                got = self.attempt("vmap against a Python loop", f"{name} {tuple(axes)}", lambda: jax.vmap(fn)(scales))
                 want = [jnp.stack([s * o for s in scales]) for o in self.call(*elements[0])]
             else:
-                got = self.attempt("vmap", name, lambda: jax.jit(jax.vmap(self.call, in_axes=axes))(*batched))
+                got = self.attempt("vmap against a Python loop", f"{name} {tuple(axes)}",
+                                   lambda: jax.jit(jax.vmap(self.call, in_axes=axes))(*batched))
                 want = [jnp.stack([self.call(*items[k])[j] for k in range(BATCH)]) for j in range(len(self.declared))]
             error = _distance(got, want)
             if not error <= tol:
-                self.fail("vmap against a Python loop", f"{name} ({axes})", "the vmapped op gives other values "
+                self.fail("vmap against a Python loop", f"{name} {tuple(axes)}", "the vmapped op gives other values "
                           "than calling it element by element", error, tol)
             self.summary.add("vmap against a Python loop", f"{name} {tuple(axes)}", error, tol)
             if not has_vjp or not diff or all(axes[i] is None for i in range(n)):
@@ -324,10 +325,11 @@ class _Checker:
                 return jax.vjp(f, *[args[i] for i in diff])[1](list(cts))
 
             cts = [jnp.stack([c[j] for c in cotangents]) for j in range(len(self.declared))]
-            got = self.attempt("vmap of the vjp", name, lambda: jax.jit(jax.vmap(vjp, in_axes=(0, *axes)))(cts, *batched))
+            got = self.attempt("vmap of the vjp against a loop", f"{name} {tuple(axes)}",
+                               lambda: jax.jit(jax.vmap(vjp, in_axes=(0, *axes)))(cts, *batched))
             want = [jnp.stack([vjp(cotangents[k], *items[k])[m] for k in range(BATCH)]) for m in range(len(diff))]
             error = _distance(got, want)
             if not error <= tol:
-                self.fail("vmap of the vjp against a loop", f"{name} ({axes})", "the vmapped vjp gives "
+                self.fail("vmap of the vjp against a loop", f"{name} {tuple(axes)}", "the vmapped vjp gives "
                           "other values than calling it element by element", error, tol)
             self.summary.add("vmap of the vjp against a loop", f"{name} {tuple(axes)}", error, tol)

@@ -369,4 +369,12 @@ def test_native_kernel_gets_the_whole_batch(method):
     f = lambda x: op(w, x, factor=3.0)[0]  # noqa: E731
     assert_close(jax.jit(jax.vmap(f))(X), 3.0 * X)
     assert_close(jax.jit(jax.vmap(jax.grad(lambda x: jnp.sum(f(x) ** 2))))(X), 18.0 * X)
-    jaxbind.testing.check_op(op, w, X[0], factor=3.0)
+    if method == "broadcast_all":
+        jaxbind.testing.check_op(op, w, X[0], factor=3.0)
+    else:
+        # jb_scale does not broadcast: with x unmapped (a size-1 axis) it writes one
+        # row of the batch. check_op finds it; such a kernel wants broadcast_all.
+        with pytest.raises(AssertionError, match=r"'jb_scale': vmap against a Python loop failed for in_axes "
+                                                 r"None-mixed \(0, None\): .*"
+                                                 r"output 0 \(shape \(3, 3\)\) was not fully written"):
+            jaxbind.testing.check_op(op, w, X[0], factor=3.0)
