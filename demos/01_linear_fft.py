@@ -30,7 +30,7 @@ import numpy as np
 import scipy.fft
 
 import jaxbind
-from _checks import check, finish
+from _checks import check, finish, op_check
 
 
 # ---------------------------------------------------------------------------
@@ -170,5 +170,9 @@ for norm in ("backward", "ortho", "forward"):
     xrb = jnp.real(xb)
     check("jit(vmap(grad)), real input", jax.jit(jax.vmap(jax.grad(lossr)))(xrb),
           jax.vmap(jax.grad(lossr_ref))(xrb))
+
+    # jaxbind's op checker: abstract, transpose (dot-product test), batching, jit.
+    op_check("check_op (complex128)", fftn_op, x, norm=norm)
+    op_check("check_op (complex64)", fftn_op, x.astype(jnp.complex64), norm=norm)
 
 finish()

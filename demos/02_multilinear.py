@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxbind
-from _checks import check, check_raises, finish
+from _checks import check, check_raises, finish, op_check
 
 # ---------------------------------------------------------------------------
 # Callbacks: cb(out, args, kwargs_dump); write into out[i][...], return None.
@@ -172,5 +172,8 @@ check("jit(vmap(hessian))",
 
 # The fixed argument w cannot be differentiated: jaxbind says so clearly.
 check_raises("grad wrt fixed arg w", lambda: jax.grad(lambda w_: jnp.sum(f(w_, A, x)))(w), ValueError)
+
+# jaxbind's op checker: a dot-product test of each transpose, batching, jit.
+op_check("check_op", op, w, A, x)
 
 finish()

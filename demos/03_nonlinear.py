@@ -30,7 +30,7 @@ import numpy as np
 from jax.test_util import check_grads
 
 import jaxbind
-from _checks import check, check_raises, failures, finish
+from _checks import check, check_raises, failures, finish, op_check
 
 # ---------------------------------------------------------------------------
 # Callbacks: cb(out, args, kwargs_dump), writing into out[i][...].
@@ -148,6 +148,8 @@ for p in (3, 2):
     check("vmap(jvp) over (x, c, dx)",
           jax.vmap(lambda x_, c_, t: jax.jvp(lambda v: f(v, c_), (x_,), (t,))[1])(xs, cs, xs[::-1]),
           jax.vmap(lambda x_, c_, t: jax.jvp(lambda v: f_ref(v, c_), (x_,), (t,))[1])(xs, cs, xs[::-1]))
+    # jaxbind's op checker: jvp against finite differences, vjp against jvp, batching, jit.
+    op_check("check_op", op, c, x, p=p)
 
 # What is *not* allowed, with clear errors:
 # - differentiating the fixed argument c,

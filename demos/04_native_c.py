@@ -26,7 +26,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _checks import check, check_raises, finish  # noqa: E402
+from _checks import check, check_raises, finish, op_check  # noqa: E402
 
 import jaxbind  # noqa: E402
 
@@ -138,6 +138,8 @@ def main():
               jax.vmap(model, in_axes=(None, 0))(t, xs), jax.vmap(ref_model, in_axes=(None, 0))(t, xs))
         check("jit(vmap(grad))", jax.jit(jax.vmap(jax.grad(loss), in_axes=(0, None)), static_argnums=1)(xs, model),
               jax.vmap(jax.grad(loss), in_axes=(0, None))(xs, ref_model))
+        # jaxbind's op checker on the C kernels.
+        op_check("check_op", oscillator, t, x, gamma=0.3, omega=2.0)
         # The kernel's own error message reaches Python, naming the op.
         check_raises("float32 input rejected by the C code",
                      lambda: jax.block_until_ready(model(t.astype(jnp.float32), x.astype(jnp.float32))),

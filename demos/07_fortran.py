@@ -34,7 +34,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _checks import check, failures, finish  # noqa: E402
+from _checks import check, failures, finish, op_check  # noqa: E402
 
 import jaxbind  # noqa: E402
 
@@ -239,6 +239,9 @@ def main():
               jax.vmap(reference)(*systems, rhs_batch[:3]))
         check("jit(vmap(grad))", jax.jit(jax.vmap(jax.grad(loss), (0, None)), static_argnums=1)(rhs_batch, solve),
               jax.vmap(jax.grad(loss), (0, None))(rhs_batch, reference))
+
+        # jaxbind's op checker on the Fortran kernels (the transposed solve by a dot-product test).
+        op_check("check_op", solve_op, *matrix, rhs)
 
         # The matrix is a fixed argument of the op. Derivatives in it come from
         # the same two kernels: with x = A^-1 r and lam = A^-T x_bar,

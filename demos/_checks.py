@@ -47,6 +47,21 @@ def check_raises(name, fn, exc_type):
         failures.append(name)
 
 
+def op_check(name, op, *args, **kwargs):
+    """Run ``jaxbind.testing.check_op`` on ``op`` at ``args``; an AssertionError is a failed check."""
+    import jaxbind.testing
+
+    try:
+        summary = jaxbind.testing.check_op(op, *args, **kwargs)
+    except AssertionError as err:
+        print(f"FAIL {name:50s} {err}")
+        failures.append(name)
+        return None
+    worst = max((c["error"] / c["tolerance"] for c in summary.checks if c["tolerance"]), default=0.0)
+    print(f"OK   {name:50s} {len(summary.checks)} checks, worst error/tolerance = {worst:.2e}")
+    return summary
+
+
 def finish():
     """Print the summary line; exit with status 1 if any check failed."""
     if failures:

@@ -180,7 +180,7 @@ def _named_callback(f, name):
     return _callback(f, "f", name), name
 
 
-def _check_flags(name: str, first_n_args_fixed, func_can_batch):
+def _check_flags(name: str, first_n_args_fixed, func_can_batch, vmap_method):
     if isinstance(first_n_args_fixed, bool) or not isinstance(first_n_args_fixed, numbers.Integral) \
             or first_n_args_fixed < 0:
         raise ValueError(
@@ -189,7 +189,24 @@ def _check_flags(name: str, first_n_args_fixed, func_can_batch):
         )
     if not isinstance(func_can_batch, (bool, np.bool_)):
         raise TypeError(f"jaxbind op '{name}': func_can_batch must be a bool, got {func_can_batch!r}.")
-    return int(first_n_args_fixed), bool(func_can_batch)
+    if not isinstance(vmap_method, str) or vmap_method not in VMAP_METHODS:
+        raise ValueError(
+            f"jaxbind op '{name}': vmap_method must be one of {', '.join(map(repr, VMAP_METHODS))} "
+            f"(as for jax.pure_callback), got {vmap_method!r:.100}."
+        )
+    if func_can_batch and vmap_method != "sequential":
+        raise ValueError(
+            f"jaxbind op '{name}': func_can_batch=True and vmap_method={vmap_method!r} both say how "
+            "the callbacks see a batch; give one of them. func_can_batch: the callbacks get "
+            "batch_axes and handle any layout; vmap_method='expand_dims' or 'broadcast_all': they "
+            "get every batch level as a leading axis and need no batch_axes."
+        )
+    return int(first_n_args_fixed), bool(func_can_batch), vmap_method
+
+
+# How a vmapped op hands its batch to the callbacks; the values and meaning of
+# jax.pure_callback's vmap_method (see _primitive's batching rule).
+VMAP_METHODS = ("sequential", "expand_dims", "broadcast_all")
 
 
 def get_linear_call(
@@ -202,6 +219,7 @@ def get_linear_call(
     first_n_args_fixed: int = 0,
     func_can_batch: bool = False,
     name: Optional[str] = None,
+    vmap_method: str = "sequential",
 ) -> Op:
     """Create a JAX op from a linear (or multilinear) function and its transpose(s).
 
@@ -227,13 +245,20 @@ def get_linear_call(
       name: the op's name in errors, jaxprs and the compiled program's metadata
         (default: the name of ``f``). Ops that differ only in name are different
         ops.
+      vmap_method: how a vmapped op calls its callbacks, as for
+        ``jax.pure_callback``: ``"sequential"`` (default; one call per batch
+        element, walked by the trampoline in one custom call), ``"expand_dims"``
+        (one call; every batch level is a leading axis of every input, of size 1
+        where the input is not mapped) or ``"broadcast_all"`` (one call; inputs
+        broadcast to the full batch). The abstracts describe one element.
 
     Returns:
       The op: ``op(*args, **kwargs)`` returns the list of outputs.
     """
     f, name = _named_callback(f, name)
     _check_callable(abstract, "abstract", name)
-    first_n_args_fixed, func_can_batch = _check_flags(name, first_n_args_fixed, func_can_batch)
+    first_n_args_fixed, func_can_batch, vmap_method = _check_flags(
+        name, first_n_args_fixed, func_can_batch, vmap_method)
     if isinstance(f_T, (tuple, list)):
         if not isinstance(abstract_T, (tuple, list)) or len(abstract_T) != len(f_T):
             raise ValueError(
@@ -266,7 +291,7 @@ def get_linear_call(
             labels=("transpose callback", FORWARD), linear=True,
         )
         kind = "linear"
-    return Op(OpDef(kind, name, (family,), first_n_args_fixed, func_can_batch))
+    return Op(OpDef(kind, name, (family,), first_n_args_fixed, func_can_batch, vmap_method))
 
 
 def get_nonlinear_call(
@@ -279,6 +304,7 @@ def get_nonlinear_call(
     first_n_args_fixed: int = 0,
     func_can_batch: bool = False,
     name: Optional[str] = None,
+    vmap_method: str = "sequential",
 ) -> Op:
     """Create a JAX op from a nonlinear function with its jvp and vjp.
 
@@ -299,6 +325,7 @@ def get_nonlinear_call(
         ``get_linear_call``).
       name: the op's name in errors, jaxprs and the compiled program's metadata
         (default: the name of ``f``).
+      vmap_method: how a vmapped op calls its callbacks (see ``get_linear_call``).
 
     Returns:
       The op: ``op(*args, **kwargs)`` returns the list of outputs. Derivatives
@@ -306,7 +333,8 @@ def get_nonlinear_call(
     """
     f, name = _named_callback(f, name)
     _check_callable(abstract, "abstract", name)
-    first_n_args_fixed, func_can_batch = _check_flags(name, first_n_args_fixed, func_can_batch)
+    first_n_args_fixed, func_can_batch, vmap_method = _check_flags(
+        name, first_n_args_fixed, func_can_batch, vmap_method)
     forward = Family(callbacks=(f,), abstracts=(abstract,), labels=(FORWARD,), linear=False)
     if f_derivative is None:
         if abstract_reverse is not None:
@@ -314,7 +342,7 @@ def get_nonlinear_call(
                 f"jaxbind op '{name}': f_derivative is None (an op without derivatives) but "
                 "abstract_reverse is given; pass None for both, or give f_derivative=(f_jvp, f_vjp)."
             )
-        return Op(OpDef("nonlinear", name, (forward,), first_n_args_fixed, func_can_batch))
+        return Op(OpDef("nonlinear", name, (forward,), first_n_args_fixed, func_can_batch, vmap_method))
     if not isinstance(f_derivative, (tuple, list)) or len(f_derivative) != 2:
         raise TypeError(
             f"jaxbind op '{name}': f_derivative must be a pair (f_jvp, f_vjp), or None for an op "
@@ -339,4 +367,4 @@ def get_nonlinear_call(
         callbacks=(f_vjp, f_jvp), abstracts=(abstract_reverse, abstract),
         labels=("vjp callback", "jvp callback"), linear=True,
     )
-    return Op(OpDef("nonlinear", name, (forward, derivative), first_n_args_fixed, func_can_batch))
+    return Op(OpDef("nonlinear", name, (forward, derivative), first_n_args_fixed, func_can_batch, vmap_method))

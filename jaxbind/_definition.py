@@ -61,12 +61,14 @@ class OpDef:
     families: Tuple[Family, ...]
     first_n_args_fixed: int
     func_can_batch: bool
+    vmap_method: str = "sequential"  # how vmap hands a batch to the callbacks (see _primitive)
 
     def __post_init__(self):  # parameters are hashed often while tracing: once is enough
         object.__setattr__(self, "_hash", hash(self._key()))
 
     def _key(self):
-        return (self.kind, self.name, self.families, self.first_n_args_fixed, self.func_can_batch)
+        return (self.kind, self.name, self.families, self.first_n_args_fixed, self.func_can_batch,
+                self.vmap_method)
 
     def __eq__(self, other):
         return isinstance(other, OpDef) and (self is other or self._key() == other._key())

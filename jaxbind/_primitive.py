@@ -37,11 +37,15 @@ from ._native import NativeKernel, kernel_kwargs
 
 @dataclasses.dataclass(frozen=True)
 class WalkBatch:
-    """Batched by jaxbind: the handler calls the callback once per element.
+    """Batched by jaxbind, as the op's ``vmap_method`` says.
 
     There are ``L`` batch levels (outermost first). ``masks[i][l]`` says whether
-    input ``i`` is mapped at level ``l``; its mapped levels are its leading
-    dimensions, in level order. Every output has all ``L`` levels in front.
+    input ``i`` is mapped at level ``l``. Every output has all ``L`` levels in
+    front. With ``"sequential"`` an input's mapped levels are its leading
+    dimensions, in level order, and the handler calls the callback once per
+    element. Otherwise every input has all ``L`` levels in front, of size 1
+    where it is not mapped (``"expand_dims"``; ``"broadcast_all"`` maps every
+    input at every level), and the callback is called once on the whole arrays.
     """
 
     masks: Tuple[Tuple[bool, ...], ...]
@@ -71,6 +75,16 @@ class NativeBatch:
 
 
 Batch = Optional[Union[WalkBatch, NativeBatch]]
+
+
+def _whole(role: Role) -> bool:
+    """Whether a batch reaches the callbacks whole (one call) rather than walked."""
+    return role.op.vmap_method != "sequential"
+
+
+def _batch_dims(role: Role, mask) -> int:
+    """How many leading dimensions of an input with batch mask ``mask`` are batch levels."""
+    return len(mask) if _whole(role) else sum(mask)
 
 
 # ---------------------------------------------------------------------------
@@ -253,15 +267,18 @@ def _structs(avals):
     return [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
 
 
-def _walk_batch_shape(shapes, batch: WalkBatch):
-    """Sizes of the batch levels, read off the inputs mapped at each level."""
-    sizes = [None] * batch.levels
+def _walk_batch_shape(shapes, batch: WalkBatch, whole: bool = False):
+    """Sizes of the batch levels, read off the inputs mapped at each level.
+
+    ``whole``: every input has all levels in front (not only its mapped ones).
+    """
+    sizes = [1] * batch.levels
     for shape, mask in zip(shapes, batch.masks):
         pos = 0
         for level, mapped in enumerate(mask):
             if mapped:
                 sizes[level] = shape[pos]
-                pos += 1
+            pos += 1 if mapped or whole else 0
     return tuple(sizes)
 
 
@@ -275,14 +292,36 @@ def _abstract_eval(*avals, role: Role, kwargs: Kwargs, batch: Batch):
                               spec=_batch_spec(avals, partitionable_levels(batch)))
     if isinstance(batch, WalkBatch):
         core = [
-            jax.ShapeDtypeStruct(a.shape[sum(m):], a.dtype) for a, m in zip(avals, batch.masks)
+            jax.ShapeDtypeStruct(a.shape[_batch_dims(role, m):], a.dtype) for a, m in zip(avals, batch.masks)
         ]
-        prefix = _walk_batch_shape([a.shape for a in avals], batch)
+        prefix = _walk_batch_shape([a.shape for a in avals], batch, _whole(role))
         outs = call_abstract(role, core, kwargs)
         return [typed(prefix + shape, dtype) for shape, dtype, _ in outs]
     axes = batch.in_axes if isinstance(batch, NativeBatch) else None
     outs = call_abstract(role, _structs(avals), kwargs, batch_axes=axes)
+    if isinstance(batch, NativeBatch):
+        _check_native_levels(role, outs, batch)
     return [typed(shape, dtype) for shape, dtype, _ in outs]
+
+
+def _check_native_levels(role: Role, outs, batch: NativeBatch):
+    """Every output of a natively batched call holds every batch level where it says.
+
+    Checked at trace time: a mistake in an abstract's batch bookkeeping would
+    otherwise surface as a shape error inside the callback, or not at all.
+    """
+    for j, ((shape, _, _), axes) in enumerate(zip(outs, batch.out_axes)):
+        for level, (axis, size) in enumerate(zip(axes, batch.sizes)):
+            if axis >= len(shape) or shape[axis] != size:
+                has = f"has size {shape[axis]} there" if axis < len(shape) else "has no such axis"
+                raise ValueError(
+                    f"jaxbind {role.label}: its abstract function '{_name_of(role.abstract)}' "
+                    f"declares output {j} with shape {shape}, which does not hold the batch: vmap "
+                    f"level {level} (size {size}) is its axis {axis} (from the batch axes the "
+                    f"abstract returned, {tuple(axes)}), but the declared shape {has}. With "
+                    "func_can_batch the abstract must return each output's shape with every batch "
+                    f"level in it, and its batch axis (inputs' batch_axes: {batch.in_axes})."
+                )
 
 
 def _batch_spec(avals, levels: int) -> tuple:
@@ -428,7 +467,7 @@ def _transpose_rule(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
             role, slot, batch.masks[:n_fixed], batch.masks[n_fixed:], [full] * len(cts))))
         declared = [s.shape for s in _abstract_eval(*structs, role=new_role, kwargs=kwargs, batch=new_batch)]
         declared = [shape[batch.levels:] for shape in declared]
-        primal = [args[i].aval.shape[sum(batch.masks[i]):] for i in range(start, stop)]
+        primal = [args[i].aval.shape[_batch_dims(role, batch.masks[i]):] for i in range(start, stop)]
     elif isinstance(batch, NativeBatch):
         # The callback lays out its outputs as its abstract says; they are
         # moved into the layout of the primals they are cotangents of.
@@ -460,9 +499,10 @@ def _transpose_rule(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
     results = bind(new_args, new_role, kwargs, new_batch)
     if isinstance(batch, WalkBatch):
         # Levels at which an argument was not mapped were broadcast over: its
-        # cotangent is the sum over them.
+        # cotangent is the sum over them (kept as size-1 axes by expand_dims).
         results = [
-            r if all(mask) else jnp.sum(r, axis=tuple(l for l, m in enumerate(mask) if not m))
+            r if all(mask) else jnp.sum(r, axis=tuple(l for l, m in enumerate(mask) if not m),
+                                        keepdims=_whole(role))
             for r, mask in zip(results, batch.masks[start:stop])
         ]
     results = [_move_levels(r, src, dst) for r, (src, dst) in zip(results, moves)] or results
@@ -511,12 +551,22 @@ def _batch_rule(args, dims, *, role: Role, kwargs: Kwargs, batch: Batch):
     if role.op.func_can_batch:
         return _batch_native(args, dims, role, kwargs, batch)
     # Move each new batch axis to the front: levels are leading dimensions,
-    # outermost first, and the handler walks them.
+    # outermost first. "sequential": the handler walks them; otherwise the
+    # callback gets them whole, with a size-1 axis where an input is not mapped
+    # ("expand_dims") or every input broadcast over the level ("broadcast_all").
+    method = role.op.vmap_method
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     old = batch.masks if batch is not None else ((),) * len(args)
     new_args, masks = [], []
     for x, d, mask in zip(args, dims, old):
         mapped = d is not None
-        new_args.append(jnp.moveaxis(x, d, 0) if mapped and d != 0 else x)
+        if mapped:
+            x = jnp.moveaxis(x, d, 0) if d != 0 else x
+        elif method == "expand_dims":
+            x = jnp.expand_dims(x, 0)
+        elif method == "broadcast_all":
+            x, mapped = jnp.broadcast_to(x, (size,) + jnp.shape(x)), True
+        new_args.append(x)
         masks.append((mapped,) + mask)
     outs = bind(new_args, role, kwargs, WalkBatch(tuple(masks)))
     return outs, [0] * len(outs)
@@ -623,14 +673,16 @@ _trampoline.set_error_formatter(format_callback_error)
 
 def site_for(role: Role, kwargs: Kwargs, batch: Batch, avals_in) -> int:
     """The registry id of the call site, registered on first use."""
-    key = (role.callback, role.label, kwargs, batch)
+    key = (role.callback, role.label, kwargs, batch, role.op.vmap_method)
     site = _sites.get(key)
     if site is None:
         callback, can_batch = role.callback, role.op.func_can_batch
         batch_axes = batch.in_axes if isinstance(batch, NativeBatch) else None
         # The handler reads batch sizes off the buffers: only which input is
         # mapped at which level is compiled in.
-        layout = (batch.levels, [list(map(int, m)) for m in batch.masks]) if isinstance(batch, WalkBatch) else (0, [])
+        # A batch handed over whole is one call on the whole arrays (levels 0).
+        walked = isinstance(batch, WalkBatch) and not _whole(role)
+        layout = (batch.levels, [list(map(int, m)) for m in batch.masks]) if walked else (0, [])
         if isinstance(callback, NativeKernel):
             entries = kernel_kwargs(kwargs.values, role.label, batch_axes, len(avals_in), can_batch)
             site = _trampoline.register_site(role.label, None, b"", *layout, callback.address, entries)
@@ -646,7 +698,10 @@ def partitionable_levels(batch: Batch) -> int:
 
     A walked call whose every input is mapped at every level is a batch of
     independent elements along the leading dimensions of all its arrays: any
-    device can run any slice of it. Other calls see whole arrays.
+    device can run any slice of it. So is such a call handed over whole
+    (``vmap_method`` "expand_dims" or "broadcast_all"), whose callback sees the
+    slice as its batch. Other calls (an input with a size-1 level among them)
+    see whole arrays.
     """
     if isinstance(batch, WalkBatch) and batch.levels and all(all(m) for m in batch.masks):
         return batch.levels

@@ -433,6 +433,54 @@ def _explicit_nonlinear():
         compare(g, w * jnp.cos(x))
 
 
+# vmap_method: a batch handed to the callback whole partitions when every array
+# carries every level (broadcast_all always; expand_dims when all are mapped).
+WHOLE_SHAPES = []  # input shapes each call of the whole-batch ops saw
+
+
+def _whole_multiply(out, args, kwargs_dump):
+    WHOLE_SHAPES.append(tuple(a.shape for a in args))
+    np.multiply(args[0], args[1], out=out[0])
+
+
+def _whole_op(method):
+    return jaxbind.get_linear_call(_whole_multiply, _whole_multiply, _like_last, _like_last,
+                                   first_n_args_fixed=1, vmap_method=method)
+
+
+@case("partition/broadcast_all_each_device_its_block")
+def _partitioned_broadcast_all():
+    m, x = _sharded_batch()
+    w = data((8,), 4)  # not mapped: broadcast over the batch, so the call still partitions
+    f = jax.jit(jax.vmap(lambda r: _whole_op("broadcast_all")(w, r)[0]))
+    assert "num_batch_dims" in f.lower(x).as_text()
+    assert "all-gather" not in f.lower(x).compile().as_text()
+    WHOLE_SHAPES.clear()
+    y = jax.block_until_ready(f(x))
+    assert sorted(WHOLE_SHAPES) == [((16, 8), (16, 8))] * 4, WHOLE_SHAPES
+    assert y.sharding.spec[0] == "d", y.sharding
+    compare(y, w * x)
+    g = jax.jit(jax.grad(lambda a: jnp.sum(jax.vmap(lambda r: _whole_op("broadcast_all")(w, r)[0])(a) ** 2)))(x)
+    compare(g, 2 * w * w * x)
+
+
+@case("partition/expand_dims_all_mapped_partitions_unmapped_stays_whole")
+def _partitioned_expand_dims():
+    m, x = _sharded_batch()
+    w = jax.device_put(data((64, 8), 5), NamedSharding(m, P("d")))
+    f = jax.jit(jax.vmap(lambda w, r: _whole_op("expand_dims")(w, r)[0]))
+    assert "num_batch_dims" in f.lower(w, x).as_text()
+    WHOLE_SHAPES.clear()
+    compare(f(w, x), w * x)
+    assert sorted(WHOLE_SHAPES) == [((16, 8), (16, 8))] * 4, WHOLE_SHAPES
+    w1 = data((8,), 4)  # not mapped: a size-1 level, so every call sees the whole batch
+    f = jax.jit(jax.vmap(lambda r: _whole_op("expand_dims")(w1, r)[0]))
+    assert "num_batch_dims" not in f.lower(x).as_text()
+    WHOLE_SHAPES.clear()
+    compare(f(x), w1 * x)
+    assert WHOLE_SHAPES and set(WHOLE_SHAPES) == {((1, 8), (64, 8))}, WHOLE_SHAPES
+
+
 @case("walk/handler_refuses_buffers_that_disagree_with_the_site")
 def _walk_mismatch():
     # A program that names a walked site but hands it an input whose batch
