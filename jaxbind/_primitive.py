@@ -296,6 +296,8 @@ def _abstract_eval(*avals, role: Role, kwargs: Kwargs, batch: Batch):
         ]
         prefix = _walk_batch_shape([a.shape for a in avals], batch, _whole(role))
         outs = call_abstract(role, core, kwargs)
+        for k, (shape, dtype, _) in enumerate(outs):  # the whole batch of it must fit too
+            _check_size(role, k, prefix + shape, dtype)
         return [typed(prefix + shape, dtype) for shape, dtype, _ in outs]
     axes = batch.in_axes if isinstance(batch, NativeBatch) else None
     outs = call_abstract(role, _structs(avals), kwargs, batch_axes=axes)

@@ -294,3 +294,12 @@ def test_cotangent_count_is_checked_under_vmap_too(declared, batching):
     loss = lambda a, b: jnp.sum(jax.vmap(lambda a, b: op(a, b)[0])(a, b))  # noqa: E731
     with pytest.raises(ValueError, match=rf"declares {declared} output\(s\).*2 linear argument\(s\)"):
         jax.grad(loss, argnums=1)(jnp.ones((2, 3)), jnp.ones((2, 3)))
+
+
+def test_a_batch_of_outputs_larger_than_memory_fails_before_xla_sees_it():
+    # Each element fits, the walked batch of them does not.
+    op = jaxbind.get_linear_call(ident, ident, lambda x: (((2**15, 2**15), x.dtype),), same_shape)
+    assert jax.eval_shape(lambda x: op(x)[0], jnp.ones(2, jnp.float32)).shape == (2**15, 2**15)  # 4 GiB
+    big = jax.ShapeDtypeStruct((2**12, 2), jnp.float32)
+    with pytest.raises(ValueError, match=r"op 'ident'.*bytes, more than this machine's memory"):
+        jax.jit(jax.vmap(lambda x: op(x)[0])).lower(big)
