@@ -6,13 +6,16 @@ What you learn here
   a JAX op of its parameters;
 * how **residuals** carry what the derivatives need from the forward solve: the
   solution and an LU factorization of the Jacobian ``dF/du`` at it
-  (``scipy.linalg.lu_factor``: the factors, float64, and the pivots, int32).
+  (LAPACK's ``getrf``: the factors, float64, and the pivots, int32).
   The derivatives are then one triangular solve each, by the implicit function
   theorem, never a second nonlinear solve:
 
       F(u; lam, f) = 0   =>   du = J^-1 (exp(u) dlam + df),   J = dF/du,
 
-  and the vjp solves with ``J^T`` (``lu_solve(..., trans=1)``);
+  and the vjp solves with ``J^T`` (LAPACK's ``getrs`` with ``trans=1``). The
+  LAPACK routines are called directly (``scipy.linalg.lapack``): they do the same
+  as ``scipy.linalg.lu_factor``/``lu_solve`` without their input checks, which
+  here would cost more than the triangular solves themselves;
 * that it vmaps over parameters (one solve per batch element) and differentiates
   under vmap.
 
@@ -67,11 +70,25 @@ def minpack_solve(lam, f):
 # ---------------------------------------------------------------------------
 
 
+def lu_factor(matrix):
+    lu, pivots, info = scipy.linalg.lapack.dgetrf(matrix)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"dF/du is singular at the solution (getrf info {info})")
+    return lu, pivots
+
+
+def lu_solve(lu, pivots, rhs, trans=0):
+    x, info = scipy.linalg.lapack.dgetrs(lu, pivots, rhs, trans=trans)
+    if info != 0:
+        raise ValueError(f"getrs failed (info {info})")
+    return x
+
+
 def bratu(out, args, kwargs_dump):
     lam, f = args
     SOLVES["forward"] += 1
     u = minpack_solve(float(lam), f)
-    lu, pivots = scipy.linalg.lu_factor(jacobian(u, float(lam)))
+    lu, pivots = lu_factor(jacobian(u, float(lam)))
     out[0][...] = u  # the output
     out[1][...] = u  # residuals: the solution, ...
     out[2][...] = lu  # ... the LU factors of dF/du at it ...
@@ -80,12 +97,12 @@ def bratu(out, args, kwargs_dump):
 
 def bratu_jvp(out, args, kwargs_dump):
     lam, f, u, lu, pivots, d_lam, d_f = args  # primals, residuals, tangents
-    out[0][...] = scipy.linalg.lu_solve((lu, pivots), np.exp(u) * d_lam + d_f)
+    out[0][...] = lu_solve(lu, pivots, np.exp(u) * d_lam + d_f)
 
 
 def bratu_vjp(out, args, kwargs_dump):
     lam, f, u, lu, pivots, u_ct = args  # primals, residuals, cotangent
-    w = scipy.linalg.lu_solve((lu, pivots), u_ct, trans=1)  # J^T w = u_ct
+    w = lu_solve(lu, pivots, u_ct, trans=1)  # J^T w = u_ct
     out[0][...] = np.exp(u) @ w  # cotangent of lam
     out[1][...] = w  # cotangent of f
 
