@@ -243,6 +243,48 @@ def test_second_order_is_an_error(a_c):
 
 
 # ---------------------------------------------------------------------------
+# A fixed argument: the residuals come after all primals, fixed ones included
+# ---------------------------------------------------------------------------
+
+
+def newton_fixed_jvp(out, args, kwargs_dump):
+    record("newton_fixed_jvp", args)
+    a, c, solution, steps, dc = args  # primals (a fixed), residuals, the tangent of c
+    out[0][...] = dc / solution[1]
+
+
+def newton_fixed_vjp(out, args, kwargs_dump):
+    record("newton_fixed_vjp", args)
+    a, c, solution, steps, x_ct = args
+    out[0][...] = x_ct / solution[1]  # the cotangent of c only
+
+
+root_fixed_op = jaxbind.get_nonlinear_call(
+    newton, (newton_fixed_jvp, newton_fixed_vjp), newton_abstract,
+    lambda a, c, solution, steps, x_ct: ((c.shape, c.dtype),),
+    first_n_args_fixed=1, n_residuals=2, name="root_fixed",
+)
+
+
+def test_fixed_argument_with_residuals(rng):
+    a = rng.uniform(0.5, 2.0, (4, 3))
+    c = rng.uniform(-3.0, 3.0, (4, 3))
+    fixed = lambda a, c: jnp.sum(jnp.sin(root_fixed_op(a, c)[0]))  # noqa: E731
+    got = jax.jit(jax.vmap(jax.grad(fixed, argnums=1)))(a, c)
+    want = jax.vmap(jax.grad(loss(reference), argnums=1))(a, c)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    assert count("newton") == 4
+    got = jax.vmap(jax.grad(fixed, argnums=1), in_axes=(0, None))(a, c[0])
+    want = jax.vmap(jax.grad(loss(reference), argnums=1), in_axes=(0, None))(a, c[0])
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    f64, i32 = np.dtype(np.float64), np.dtype(np.int32)
+    received = [args for name, args in CALLS if name == "newton_fixed_vjp"]
+    assert received[0] == [((3,), f64), ((3,), f64), ((2, 3), f64), ((), i32), ((3,), f64)]
+    with pytest.raises(ValueError, match="'root_fixed'.*fixed"):
+        jax.grad(fixed, argnums=0)(a[0], c[0])
+
+
+# ---------------------------------------------------------------------------
 # func_can_batch: residuals keep the batch axes f gave them
 # ---------------------------------------------------------------------------
 
