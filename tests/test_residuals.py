@@ -15,6 +15,9 @@ shapes and dtypes than the outputs). By the implicit function theorem
 iteration in ``jax.numpy``, differentiated by JAX through its steps.
 """
 
+import ctypes
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -373,3 +376,37 @@ def test_n_residuals_is_part_of_the_op():
                                        newton_abstract_reverse, n_residuals=1)
     assert same == root_op and hash(same) == hash(root_op)
     assert other != root_op
+
+
+# ---------------------------------------------------------------------------
+# A native kernel writes residuals like a Python callback
+# ---------------------------------------------------------------------------
+
+
+def test_native_forward_with_a_residual(rng):
+    kernels = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+
+    def triple_jvp(out, args, kwargs_dump):
+        x, total, dx = args  # total = sum(x), written by the C kernel as a residual
+        record("triple_jvp", args)
+        np.testing.assert_allclose(total, np.sum(x), rtol=1e-14)
+        out[0][...] = 3 * dx
+
+    def triple_vjp(out, args, kwargs_dump):
+        x, total, y_ct = args
+        record("triple_vjp", args)
+        np.testing.assert_allclose(total, np.sum(x), rtol=1e-14)
+        out[0][...] = 3 * y_ct
+
+    # jb_triple_and_sum writes (3 x, sum(x)): here the sum is the residual
+    op = jaxbind.get_nonlinear_call(
+        kernels.jb_triple_and_sum, (triple_jvp, triple_vjp),
+        lambda x: ((x.shape, x.dtype), ((), x.dtype)), lambda x, total, ct: ((x.shape, x.dtype),),
+        n_residuals=1, name="triple",
+    )
+    x = rng.standard_normal((3, 5))
+    assert len(op(x[0])) == 1
+    loss = lambda x: jnp.sum(jnp.sin(op(x)[0]))  # noqa: E731
+    np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(loss)))(x), 3 * jnp.cos(3 * x), rtol=1e-14)
+    np.testing.assert_allclose(jax.jvp(jax.vmap(lambda x: op(x)[0]), (x,), (x,))[1], 3 * x, rtol=1e-14)
+    assert count("triple_vjp") == 3 and count("triple_jvp") == 3
