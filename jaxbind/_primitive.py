@@ -381,44 +381,44 @@ def _jvp_rule(primals, tangents, *, role: Role, kwargs: Kwargs, batch: Batch):
             args[start:stop] = [_tangent_value(t, p) for t, p in zip(group, primals[start:stop])]
             term = bind(args, role, kwargs, batch)
             tangent_out = term if tangent_out is None else [a + b for a, b in zip(tangent_out, term)]
-    elif any(type(t) is not ad.Zero for t in tangents[role.n_fixed:]):
+    elif any(type(t) is not ad.Zero for t in tangents[role.n_fixed:]) and _inexact(outs, role):
         if not role.op.has_derivatives:
             raise role.op.no_derivatives_error("its jvp (as jvp, grad, vjp and the jacobians do)")
         # The derivative family of a nonlinear op: f_jvp(*primals, *residuals,
-        # *tangents), the residuals being the last outputs of f, fixed (never
-        # differentiated) like the primals. It computes the tangents of the
-        # inexact outputs only.
+        # *tangents), the residuals (f's last outputs) fixed like the primals.
+        # It computes the tangents of the inexact outputs only.
         n, n_fixed, k = len(primals), role.n_fixed, role.op.n_residuals
-        n_out = len(outs) - k
-        inexact = [j for j in range(n_out) if is_differentiable(get_aval(outs[j]).dtype)]
-        if inexact:
-            jvp_role = Role(role.op, family=1, slot=1, n_fixed=n + k, in_sizes=(n - n_fixed,))
-            args = [*primals, *outs[n_out:],
-                    *[_tangent_value(t, p) for t, p in zip(tangents[n_fixed:], primals[n_fixed:])]]
-            if isinstance(batch, NativeBatch):
-                # Tangents are batched like their primals, residuals as f wrote
-                # them; the output tangents go where f's outputs are.
-                in_axes = batch.in_axes + batch.out_axes[n_out:] + batch.in_axes[n_fixed:]
-                out_axes, _ = _native_out_layout(jvp_role, args, in_axes, kwargs)
-                computed = bind(args, jvp_role, kwargs, NativeBatch(in_axes, out_axes, batch.sizes))
-                computed = [_move_levels(t, src, batch.out_axes[j])
-                            for t, src, j in zip(computed, out_axes, inexact)]
-            else:
-                walk = None
-                if batch is not None:  # f's outputs have every level in front
-                    walk = WalkBatch(batch.masks + ((True,) * batch.levels,) * k + batch.masks[n_fixed:])
-                computed = bind(args, jvp_role, kwargs, walk)
-            tangent_out = _zero_tangents(outs)  # residuals and integer outputs: symbolic zeros
-            for j, t in zip(inexact, computed):
-                tangent_out[j] = t
+        n_out, inexact = len(outs) - k, _inexact(outs, role)
+        jvp_role = Role(role.op, family=1, slot=1, n_fixed=n + k, in_sizes=(n - n_fixed,))
+        args = [*primals, *outs[n_out:],
+                *[_tangent_value(t, p) for t, p in zip(tangents[n_fixed:], primals[n_fixed:])]]
+        if isinstance(batch, NativeBatch):
+            # Tangents are batched like their primals, residuals as f wrote
+            # them; the output tangents go where f's outputs are.
+            in_axes = batch.in_axes + batch.out_axes[n_out:] + batch.in_axes[n_fixed:]
+            out_axes, _ = _native_out_layout(jvp_role, args, in_axes, kwargs)
+            tangent_out = bind(args, jvp_role, kwargs, NativeBatch(in_axes, out_axes, batch.sizes))
+            tangent_out = [_move_levels(t, src, batch.out_axes[j])
+                           for t, src, j in zip(tangent_out, out_axes, inexact)]
+        else:
+            # f's outputs, residuals included, have every level in front.
+            walk = WalkBatch(batch.masks + ((True,) * batch.levels,) * k + batch.masks[n_fixed:]) if batch is not None else None
+            tangent_out = bind(args, jvp_role, kwargs, walk)
+        tangent_out = dict(zip(inexact, tangent_out))
+        tangent_out = [tangent_out.get(j) for j in range(len(outs))]
     if tangent_out is None:
         tangent_out = _zero_tangents(outs)
     else:
-        # Integer and bool outputs are not differentiable (a linear op's
-        # callback computed values for them; they are dropped).
-        tangent_out = [t if is_differentiable(get_aval(o).dtype) else z
+        # Residuals, integer and bool outputs have symbolic zero tangents (a
+        # linear op's callback computed values for the integer ones: dropped).
+        tangent_out = [t if t is not None and is_differentiable(get_aval(o).dtype) else z
                        for t, o, z in zip(tangent_out, outs, _zero_tangents(outs))]
     return outs, tangent_out
+
+
+def _inexact(outs, role: Role):
+    """Indices of the outputs (residuals excluded) that have tangents."""
+    return [j for j in range(len(outs) - role.op.n_residuals) if is_differentiable(get_aval(outs[j]).dtype)]
 
 
 def _regroup(role: Role, new_slot: int, fixed, inputs, outputs):
