@@ -232,6 +232,10 @@ def get_linear_call(
 
     Returns:
       The op: ``op(*args, **kwargs)`` returns the list of outputs.
+
+    Integer and bool outputs are not differentiable: their tangents are
+    symbolic zeros, and a transpose receives zeros of their own dtype as their
+    cotangents.
     """
     f, name = _named_callback(f, name)
     _check_callable(abstract, "abstract", name)
