@@ -128,7 +128,9 @@ def _bind_arrays(*args, role: Role, kwargs: Kwargs):
     # (op_name "jit(f)/<name>/jaxbind"), which is what profilers and XLA dumps
     # show; JAX carries it through jvp, transpose and vmap.
     with jax.named_scope(role.op.name):
-        return bind(args, role, kwargs)
+        outs = bind(args, role, kwargs)
+    k = role.op.n_residuals  # f's last outputs are for its derivatives only
+    return outs[:len(outs) - k] if k else outs
 
 
 def _callback(value, what: str, name: str):
@@ -254,6 +256,10 @@ def get_linear_call(
 
     Returns:
       The op: ``op(*args, **kwargs)`` returns the list of outputs.
+
+    Integer and bool outputs are not differentiable: their tangents are
+    symbolic zeros, and a transpose receives zeros of their own dtype as their
+    cotangents.
     """
     f, name = _named_callback(f, name)
     _check_callable(abstract, "abstract", name)
@@ -305,6 +311,7 @@ def get_nonlinear_call(
     func_can_batch: bool = False,
     name: Optional[str] = None,
     vmap_method: str = "sequential",
+    n_residuals: int = 0,
 ) -> Op:
     """Create a JAX op from a nonlinear function with its jvp and vjp.
 
@@ -313,12 +320,18 @@ def get_nonlinear_call(
       f_derivative: ``(f_jvp, f_vjp)``. ``f_jvp`` receives ``(*primals, *tangents
         of the differentiable arguments)`` and writes the output tangents;
         ``f_vjp`` receives ``(*primals, *output cotangents)`` and writes the
-        cotangents of the differentiable arguments. ``None`` makes an op without
+        cotangents of the differentiable arguments. With residuals both receive
+        them after the primals. Integer and bool outputs have no tangents:
+        ``f_jvp`` writes, and ``f_vjp`` receives, those of the inexact (float,
+        complex) outputs only, in order. ``None`` makes an op without
         derivatives (``abstract_reverse`` is then None too): it jits and vmaps,
         and differentiating it is an error; give it derivatives with
         ``jax.custom_jvp``, ``jax.custom_vjp`` or ``jax.lax.custom_root``.
       abstract: output shapes and dtypes of ``f`` and of ``f_jvp`` (it is called
-        with the arguments of each).
+        with the arguments of each, and describes all of ``f``'s outputs; jaxbind
+        keeps the inexact ones for ``f_jvp``). With residuals it is called with
+        the primals only and declares the outputs followed by the residuals;
+        the tangents then take the outputs' shapes and dtypes.
       abstract_reverse: output shapes and dtypes of ``f_vjp``, from its arguments.
       first_n_args_fixed: the first arguments are not differentiated.
       func_can_batch: the callbacks handle batching themselves (see
@@ -326,6 +339,12 @@ def get_nonlinear_call(
       name: the op's name in errors, jaxprs and the compiled program's metadata
         (default: the name of ``f``).
       vmap_method: how a vmapped op calls its callbacks (see ``get_linear_call``).
+      n_residuals: ``f`` writes this many residual arrays after its outputs
+        (e.g. a solution, a factorization); calling the op returns the outputs
+        only, and the residuals reach ``f_jvp`` and ``f_vjp`` after the primals,
+        so that derivatives reuse the forward computation (``f`` runs once per
+        primal point under jvp, grad, vmap and jit). Residuals are not
+        differentiated.
 
     Returns:
       The op: ``op(*args, **kwargs)`` returns the list of outputs. Derivatives
@@ -335,6 +354,11 @@ def get_nonlinear_call(
     _check_callable(abstract, "abstract", name)
     first_n_args_fixed, func_can_batch, vmap_method = _check_flags(
         name, first_n_args_fixed, func_can_batch, vmap_method)
+    if isinstance(n_residuals, (bool, np.bool_)) or not isinstance(n_residuals, numbers.Integral):
+        raise TypeError(f"jaxbind op '{name}': n_residuals must be a non-negative integer, got {n_residuals!r:.100}.")
+    if n_residuals < 0:
+        raise ValueError(f"jaxbind op '{name}': n_residuals must be a non-negative integer, got {n_residuals!r}.")
+    n_residuals = int(n_residuals)
     forward = Family(callbacks=(f,), abstracts=(abstract,), labels=(FORWARD,), linear=False)
     if f_derivative is None:
         if abstract_reverse is not None:
@@ -342,7 +366,8 @@ def get_nonlinear_call(
                 f"jaxbind op '{name}': f_derivative is None (an op without derivatives) but "
                 "abstract_reverse is given; pass None for both, or give f_derivative=(f_jvp, f_vjp)."
             )
-        return Op(OpDef("nonlinear", name, (forward,), first_n_args_fixed, func_can_batch, vmap_method))
+        return Op(OpDef("nonlinear", name, (forward,), first_n_args_fixed, func_can_batch, vmap_method,
+                        n_residuals))
     if not isinstance(f_derivative, (tuple, list)) or len(f_derivative) != 2:
         raise TypeError(
             f"jaxbind op '{name}': f_derivative must be a pair (f_jvp, f_vjp), or None for an op "
@@ -367,4 +392,5 @@ def get_nonlinear_call(
         callbacks=(f_vjp, f_jvp), abstracts=(abstract_reverse, abstract),
         labels=("vjp callback", "jvp callback"), linear=True,
     )
-    return Op(OpDef("nonlinear", name, (forward, derivative), first_n_args_fixed, func_can_batch, vmap_method))
+    return Op(OpDef("nonlinear", name, (forward, derivative), first_n_args_fixed, func_can_batch,
+                    vmap_method, n_residuals))

@@ -15,6 +15,12 @@ callback. This one picture covers every kind of op:
   ``(f_vjp, f_jvp)``, with every primal as a fixed argument;
 - a nonlinear op without derivatives: its forward family alone.
 
+A nonlinear op with ``n_residuals=k`` computes, in its forward family, its
+outputs followed by ``k`` residuals; the residuals join the primals as fixed
+arrays of the derivative family, so the derivatives reuse what the forward
+computed. Only the inexact (float, complex) outputs of any op have tangents and
+cotangents: the derivative family's output slot holds those alone.
+
 A :class:`Role` names one callback of one family, with the slot sizes it is
 bound with; it is the static parameter the jaxbind primitive carries.
 """
@@ -27,6 +33,7 @@ from typing import Callable, Optional, Tuple
 from ._native import NativeKernel
 
 FORWARD = "forward"
+JVP = "jvp callback"
 
 
 class JaxbindError(RuntimeError):
@@ -62,13 +69,14 @@ class OpDef:
     first_n_args_fixed: int
     func_can_batch: bool
     vmap_method: str = "sequential"  # how vmap hands a batch to the callbacks (see _primitive)
+    n_residuals: int = 0  # arrays f writes after its outputs, for the derivatives only
 
     def __post_init__(self):  # parameters are hashed often while tracing: once is enough
         object.__setattr__(self, "_hash", hash(self._key()))
 
     def _key(self):
         return (self.kind, self.name, self.families, self.first_n_args_fixed, self.func_can_batch,
-                self.vmap_method)
+                self.vmap_method, self.n_residuals)
 
     def __eq__(self, other):
         return isinstance(other, OpDef) and (self is other or self._key() == other._key())
@@ -149,6 +157,27 @@ class Role:
         if what == FORWARD:
             return f"op '{self.op.name}'"
         return f"op '{self.op.name}' ({what} '{_name_of(self.callback)}')"
+
+    @property
+    def is_jvp(self) -> bool:
+        """Whether this is the jvp callback of a nonlinear op."""
+        return self.op.families[self.family].labels[self.slot] == JVP
+
+    @property
+    def declares_residuals(self) -> bool:
+        """Whether the abstract this role calls declares the op's residuals after its outputs."""
+        return self.op.n_residuals > 0 and (self.is_jvp or (self.family == 0 and self.op.kind == "nonlinear"))
+
+    def abstract_inputs(self, items):
+        """The part of this role's inputs (arrays, structs or batch axes) its abstract is called with.
+
+        With residuals the jvp callback's inputs are ``(*primals, *residuals,
+        *tangents)``, and its outputs are described by the op's abstract called
+        with the primals alone.
+        """
+        if self.is_jvp and self.op.n_residuals:
+            return items[:self.n_fixed - self.op.n_residuals]
+        return items
 
     @property
     def n_slots(self) -> int:

@@ -178,12 +178,16 @@ def _check_size(role: Role, k: int, shape, dtype):
 def _role_inputs(role: Role, n: int) -> str:
     """What the arrays jaxbind passes to a non-forward role's abstract are."""
     what = role.op.families[role.family].labels[role.slot]
+    k = role.op.n_residuals
+    if what == "jvp callback" and k:
+        return f"{n} array arguments (the primal(s) alone: with residuals, the tangents take the outputs' shapes)"
     if what == "jvp callback":
         return (f"{n} array arguments (the {role.n_fixed} primal(s), then the tangents of the "
                 f"{n - role.n_fixed} differentiable argument(s))")
     if what == "vjp callback":
-        return (f"{n} array arguments (the {role.n_fixed} primal(s), then the {n - role.n_fixed} "
-                "output cotangent(s))")
+        return (f"{n} array arguments (the {role.n_fixed - k} primal(s), "
+                + (f"the {k} residual(s), " if k else "")
+                + f"then the {n - role.n_fixed} output cotangent(s))")
     return (f"{n} array arguments (the {role.n_fixed} fixed argument(s), then the arrays of the "
             "other slots, with the output cotangents in the outputs' place)")
 
@@ -194,8 +198,9 @@ def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axi
     Returns a list of ``(shape, dtype, out_axis)`` (``out_axis`` None unless given).
     """
     values = kwargs.values
+    structs = role.abstract_inputs(structs)
     if role.op.func_can_batch:
-        values = {**values, "batch_axes": batch_axes}
+        values = {**values, "batch_axes": None if batch_axes is None else tuple(role.abstract_inputs(batch_axes))}
     try:
         result = role.abstract(*structs, **values)
     except TypeError as err:
@@ -260,7 +265,25 @@ def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axi
                 )
             axis = int(axis) % len(shape)
         outs.append((shape, dtype, axis))
+    if role.declares_residuals:
+        k = role.op.n_residuals
+        if len(outs) <= k:
+            raise ValueError(
+                f"jaxbind op '{role.op.name}': n_residuals={k}, but its abstract function "
+                f"'{_name_of(role.abstract)}' declares {len(outs)} array(s) in all; it must declare "
+                f"the op's outputs (at least one) followed by its {k} residual(s)."
+            )
+        if role.is_jvp:
+            outs = outs[:-k]
+    if role.is_jvp:
+        # The abstract describes all of f's outputs; only inexact ones have tangents.
+        outs = [out for out in outs if is_differentiable(out[1])]
     return outs
+
+
+def is_differentiable(dtype) -> bool:
+    """Whether arrays of ``dtype`` have tangents (float and complex; not int, bool)."""
+    return jnp.issubdtype(dtype, jnp.inexact)
 
 
 def _structs(avals):
@@ -399,27 +422,44 @@ def _jvp_rule(primals, tangents, *, role: Role, kwargs: Kwargs, batch: Batch):
             args[start:stop] = [_tangent_value(t, p) for t, p in zip(group, primals[start:stop])]
             term = bind(args, role, kwargs, batch)
             tangent_out = term if tangent_out is None else [a + b for a, b in zip(tangent_out, term)]
-    elif any(type(t) is not ad.Zero for t in tangents[role.n_fixed:]):
+    elif any(type(t) is not ad.Zero for t in tangents[role.n_fixed:]) and _inexact(outs, role):
         if not role.op.has_derivatives:
             raise role.op.no_derivatives_error("its jvp (as jvp, grad, vjp and the jacobians do)")
-        # The derivative family of a nonlinear op: f_jvp(*primals, *tangents).
-        n, n_fixed = len(primals), role.n_fixed
-        jvp_role = Role(role.op, family=1, slot=1, n_fixed=n, in_sizes=(n - n_fixed,))
-        args = [*primals, *[_tangent_value(t, p) for t, p in zip(tangents[n_fixed:], primals[n_fixed:])]]
+        # The derivative family of a nonlinear op: f_jvp(*primals, *residuals,
+        # *tangents), the residuals (f's last outputs) fixed like the primals.
+        # It computes the tangents of the inexact outputs only.
+        n, n_fixed, k = len(primals), role.n_fixed, role.op.n_residuals
+        n_out, inexact = len(outs) - k, _inexact(outs, role)
+        jvp_role = Role(role.op, family=1, slot=1, n_fixed=n + k, in_sizes=(n - n_fixed,))
+        args = [*primals, *outs[n_out:],
+                *[_tangent_value(t, p) for t, p in zip(tangents[n_fixed:], primals[n_fixed:])]]
         if isinstance(batch, NativeBatch):
-            # Tangents are batched like their primals; the output tangents go
-            # where f's outputs are.
-            in_axes = batch.in_axes + batch.in_axes[n_fixed:]
+            # Tangents are batched like their primals, residuals as f wrote
+            # them; the output tangents go where f's outputs are.
+            in_axes = batch.in_axes + batch.out_axes[n_out:] + batch.in_axes[n_fixed:]
             out_axes, _ = _native_out_layout(jvp_role, args, in_axes, kwargs)
             tangent_out = bind(args, jvp_role, kwargs, NativeBatch(in_axes, out_axes, batch.sizes))
-            tangent_out = [_move_levels(t, src, dst)
-                           for t, src, dst in zip(tangent_out, out_axes, batch.out_axes)]
+            tangent_out = [_move_levels(t, src, batch.out_axes[j])
+                           for t, src, j in zip(tangent_out, out_axes, inexact)]
         else:
-            walk = WalkBatch(batch.masks + batch.masks[n_fixed:]) if batch is not None else None
+            # f's outputs, residuals included, have every level in front.
+            walk = WalkBatch(batch.masks + ((True,) * batch.levels,) * k + batch.masks[n_fixed:]) if batch is not None else None
             tangent_out = bind(args, jvp_role, kwargs, walk)
+        tangent_out = dict(zip(inexact, tangent_out))
+        tangent_out = [tangent_out.get(j) for j in range(len(outs))]
     if tangent_out is None:
         tangent_out = _zero_tangents(outs)
+    else:
+        # Residuals, integer and bool outputs have symbolic zero tangents (a
+        # linear op's callback computed values for the integer ones: dropped).
+        tangent_out = [t if t is not None and is_differentiable(get_aval(o).dtype) else z
+                       for t, o, z in zip(tangent_out, outs, _zero_tangents(outs))]
     return outs, tangent_out
+
+
+def _inexact(outs, role: Role):
+    """Indices of the outputs (residuals excluded) that have tangents."""
+    return [j for j in range(len(outs) - role.op.n_residuals) if is_differentiable(get_aval(outs[j]).dtype)]
 
 
 def _regroup(role: Role, new_slot: int, fixed, inputs, outputs):
@@ -457,7 +497,7 @@ def _transpose_rule(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
             "to one of them at a time only."
         )
     slot, start, stop = linear[0]
-    cts = [_instantiate(ct) for ct in cts]
+    cts = _cotangent_values(cts, args, role, kwargs, batch)
     n_fixed = role.n_fixed
     new_role = role.with_slot(slot, len(cts))
     new_args = _regroup(role, slot, args[:n_fixed], args[n_fixed:], cts)
@@ -513,6 +553,23 @@ def _transpose_rule(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
         if ad.is_undefined_primal(args[i]):
             out[i] = _as_cotangent(results[i - start], args[i].aval, new_role, i)
     return out
+
+
+def _cotangent_values(cts, args, role: Role, kwargs: Kwargs, batch: Batch):
+    """Output cotangents as arrays the transpose callback can take.
+
+    An integer or bool output's cotangent is ``float0`` (always zero), which no
+    callback can take: zeros of the output's own dtype stand for it.
+    """
+    def dtype_of(ct):
+        return ct.aval.dtype if type(ct) is ad.Zero else get_aval(ct).dtype
+
+    if not any(dtype_of(ct) == jax.dtypes.float0 for ct in cts):
+        return [_instantiate(ct) for ct in cts]
+    avals = [a.aval if ad.is_undefined_primal(a) else get_aval(a) for a in args]
+    outs = _abstract_eval(*avals, role=role, kwargs=kwargs, batch=batch)
+    return [jnp.zeros(out.shape, out.dtype) if dtype_of(ct) == jax.dtypes.float0 else _instantiate(ct)
+            for ct, out in zip(cts, outs)]
 
 
 def _argument_text(role: Role, i: int, start: int) -> str:
