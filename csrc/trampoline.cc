@@ -841,12 +841,15 @@ ffi::Error RunNativeWalk(const Site& site, size_t n_in, void* const* ins, size_t
   walk->ins = ins;
   walk->outs = outs;
   walk->first = first;
-  // Several chunks per thread balance uneven elements; none shorter than kChunkMinNs.
+  // Several chunks per thread (8) keep the threads' shares even at the end of
+  // the walk; none shorter than kChunkMinNs.
   const int64_t by_time = static_cast<int64_t>(kChunkMinNs / std::max(element_ns, 1.0)) + 1;
-  const int64_t by_balance = (rest + 4 * (threads + 1) - 1) / (4 * (threads + 1));
+  const int64_t by_balance = (rest + 8 * (threads + 1) - 1) / (8 * (threads + 1));
   walk->chunk = std::max<int64_t>(1, std::max(by_time, by_balance));
   walk->n_chunks = (rest + walk->chunk - 1) / walk->chunk;
-  const int64_t helpers = std::min(threads, walk->n_chunks - 1);
+  // The calling thread works too: with the pool's threads busy as well, one
+  // thread per core (the pool has one per core).
+  const int64_t helpers = std::min(std::max<int64_t>(threads - 1, 1), walk->n_chunks - 1);
   for (int64_t h = 0; h < helpers; ++h) pool->Schedule([walk]() { walk->Work(); });
   walk->Work();
   std::unique_lock<std::mutex> lock(walk->mutex);
