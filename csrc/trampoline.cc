@@ -847,9 +847,10 @@ ffi::Error RunNativeWalk(const Site& site, size_t n_in, void* const* ins, size_t
   const int64_t by_balance = (rest + 8 * (threads + 1) - 1) / (8 * (threads + 1));
   walk->chunk = std::max<int64_t>(1, std::max(by_time, by_balance));
   walk->n_chunks = (rest + walk->chunk - 1) / walk->chunk;
-  // The calling thread works too: with the pool's threads busy as well, one
-  // thread per core (the pool has one per core).
-  const int64_t helpers = std::min(std::max<int64_t>(threads - 1, 1), walk->n_chunks - 1);
+  // Every pool thread gets a helper, although the calling thread works too:
+  // an idle pool thread spins looking for work, taking a core anyway
+  // (measured: one helper fewer made a 2-core walk 20% slower).
+  const int64_t helpers = std::min(threads, walk->n_chunks - 1);
   for (int64_t h = 0; h < helpers; ++h) pool->Schedule([walk]() { walk->Work(); });
   walk->Work();
   std::unique_lock<std::mutex> lock(walk->mutex);
