@@ -83,11 +83,11 @@ def every_core(repeats):
 # (b): runs in a subprocess with 4 forced devices
 # ---------------------------------------------------------------------------
 
-CALLS = [0]
+CALLS = []  # one entry per callback call (list.append is atomic across the devices' threads)
 
 
 def counted_sin(out, args, kwargs_dump):
-    CALLS[0] += 1
+    CALLS.append(1)
     np.sin(args[0], out=out[0])
 
 
@@ -107,9 +107,9 @@ def partitioned(repeats):
         np.testing.assert_allclose(split(x), gathered(x), rtol=1e-12)
         calls = []
         for fn in (split, gathered):
-            CALLS[0] = 0
+            CALLS.clear()
             jax.block_until_ready(fn(x))
-            calls.append(CALLS[0])
+            calls.append(len(CALLS))
         t_split, t_gathered = median_seconds([lambda: split(x), lambda: gathered(x)], repeats)
         rows.append(dict(
             case=label, devices=4, batch=64,
