@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import time
 
 import jax
@@ -36,6 +35,7 @@ import scipy  # noqa: E402
 import scipy.special  # noqa: E402
 
 import jaxbind  # noqa: E402
+from _timing import median_seconds  # noqa: E402  (bench/ is the script folder)
 
 ORDER = 1.5
 EMPTY = "jaxbind, expand_dims, empty callbacks (the fixed cost)"
@@ -83,25 +83,6 @@ def _kv_pure_callback_jvp(primals, tangents):
     slope = jax.pure_callback(lambda x: kv_prime(ORDER, x).astype(x.dtype),
                               jax.ShapeDtypeStruct(x.shape, x.dtype), x, vmap_method="expand_dims")
     return kv_pure_callback(x), slope * t
-
-
-def median_seconds(fns, repeats):
-    """Interleaved repetitions of each function (warmed up first); median seconds each.
-
-    Each round runs the functions in a new random order: on a busy machine the
-    call that follows a long one (or a non-JAX one) is measurably slower, and a
-    fixed order would charge that to one row.
-    """
-    times = [[] for _ in fns]
-    for fn in fns:
-        jax.block_until_ready(fn())
-    order = np.random.default_rng(1)
-    for _ in range(repeats):
-        for k in order.permutation(len(fns)):
-            start = time.perf_counter()
-            jax.block_until_ready(fns[k]())
-            times[k].append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
 
 
 def main():

@@ -22,10 +22,8 @@ import ctypes
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
-import time
 
 import jax
 
@@ -35,6 +33,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxbind  # noqa: E402
+from _timing import median_seconds  # noqa: E402  (bench/ is the script folder)
 
 KERNELS = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
 
@@ -45,19 +44,6 @@ def same_shape(x, **kwargs):
 
 busy_op = jaxbind.get_linear_call(KERNELS.jb_busy, KERNELS.jb_busy, same_shape, same_shape)
 double_op = jaxbind.get_linear_call(KERNELS.jb_double, KERNELS.jb_double, same_shape, same_shape)
-
-
-def median_seconds(fns, repeats):
-    """Interleaved repetitions of each (already compiled) function; median seconds each."""
-    times = [[] for _ in fns]
-    for fn in fns:
-        jax.block_until_ready(fn())
-    for _ in range(repeats):
-        for k, fn in enumerate(fns):
-            start = time.perf_counter()
-            jax.block_until_ready(fn())
-            times[k].append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
 
 
 def every_core(repeats):
