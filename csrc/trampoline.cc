@@ -386,26 +386,58 @@ void Retire(PyObject* array) {
   PyArray_UpdateFlags(reinterpret_cast<PyArrayObject*>(array), NPY_ARRAY_UPDATE_ALL);
 }
 
-// Finds and retires what was derived from retired views (slices, memoryviews);
-// set once at import. Called with a tuple of the views.
-PyObject* g_retire_derived = nullptr;
+// Whether anything besides us holds the views once unreachable garbage is
+// gone. Callbacks that hand a closure over a view to a solver (SciPy's root,
+// solve_ivp), to JAX or to numba leave it in reference cycles that nobody can
+// reach but the collector has not freed yet: that is not keeping it. The
+// youngest generation holds what the call made unless a collection ran during
+// it, so it is collected first; an older one only while something still holds
+// a view. Only a call whose views look kept pays; a callback that keeps
+// nothing never gets here. Returns true if a view is still held.
+bool KeptAfterCollecting(PyObject* in_tuple, Py_ssize_t ours_in, PyObject* out_tuple,
+                         Py_ssize_t ours_out) {
+  static PyObject* collect = nullptr;  // gc.collect, looked up once (the GIL is held)
+  if (collect == nullptr) {
+    PyObject* gc = PyImport_ImportModule("gc");
+    collect = gc != nullptr ? PyObject_GetAttrString(gc, "collect") : nullptr;
+    Py_XDECREF(gc);
+  }
+  for (long generation = 0; collect != nullptr && generation <= 2; ++generation) {
+    PyObject* arg = PyLong_FromLong(generation);
+    PyObject* result = arg != nullptr ? PyObject_CallOneArg(collect, arg) : nullptr;
+    Py_XDECREF(arg);
+    Py_XDECREF(result);
+    PyErr_Clear();  // a failing finalizer is not the callback's error
+    if (!Kept(in_tuple, ours_in) && !Kept(out_tuple, ours_out)) return false;
+  }
+  return true;
+}
 
-// Retires every view of the tuples (null entries are skipped); with `derived`,
-// also whatever was derived from a view that someone else still holds.
-void RetireViews(PyObject* in_tuple, PyObject* out_tuple, bool derived) {
-  PyObject* held = derived ? PyList_New(0) : nullptr;
+// Finds and cuts off every other array that reaches the memory of kept views
+// (slices, DLPack imports, memoryviews); set once at import. Called with a
+// list of the views before they are retired, so that it can read their memory.
+PyObject* g_retire_aliases = nullptr;
+
+// Retires every view of the tuples (null entries are skipped); with `aliases`,
+// first whatever else reaches the memory of a view that someone still holds.
+void RetireViews(PyObject* in_tuple, PyObject* out_tuple, bool aliases) {
+  PyObject* held = aliases ? PyList_New(0) : nullptr;
   for (PyObject* tuple : {in_tuple, out_tuple}) {
-    for (Py_ssize_t i = 0; tuple != nullptr && i < PyTuple_GET_SIZE(tuple); ++i) {
+    for (Py_ssize_t i = 0; held != nullptr && tuple != nullptr && i < PyTuple_GET_SIZE(tuple); ++i) {
       PyObject* view = PyTuple_GET_ITEM(tuple, i);
-      if (held != nullptr && Py_REFCNT(view) != 1) PyList_Append(held, view);
-      Retire(view);
+      if (ViewKept(view)) PyList_Append(held, view);
     }
   }
-  if (held != nullptr && PyList_GET_SIZE(held) > 0 && g_retire_derived != nullptr) {
-    PyObject* result = PyObject_CallOneArg(g_retire_derived, held);
+  if (held != nullptr && PyList_GET_SIZE(held) > 0 && g_retire_aliases != nullptr) {
+    PyObject* result = PyObject_CallOneArg(g_retire_aliases, held);
     Py_XDECREF(result);
   }
   Py_XDECREF(held);
+  for (PyObject* tuple : {in_tuple, out_tuple}) {
+    for (Py_ssize_t i = 0; tuple != nullptr && i < PyTuple_GET_SIZE(tuple); ++i) {
+      Retire(PyTuple_GET_ITEM(tuple, i));
+    }
+  }
   PyErr_Clear();
 }
 
@@ -450,7 +482,8 @@ bool CallOnce(const Site& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* re
     // that kept one would later read or write freed memory: refuse it.
     Py_ssize_t ours_in = 1 + (in_tuple == site.cached_in);
     Py_ssize_t ours_out = 1 + (out_tuple == site.cached_out);
-    if (Kept(in_tuple, ours_in) || Kept(out_tuple, ours_out)) {
+    if ((Kept(in_tuple, ours_in) || Kept(out_tuple, ours_out)) &&
+        KeptAfterCollecting(in_tuple, ours_in, out_tuple, ours_out)) {
       if (ok) {
         *error = "jaxbind " + site.name + ": the callback";
       } else {
@@ -1001,11 +1034,12 @@ NB_MODULE(_trampoline, m) {
     Py_XDECREF(old);
   }, nb::arg("code"), nb::arg("dtype"), "Map an XLA FFI dtype code to a NumPy dtype.");
 
-  m.def("set_derived_view_retirer", [](nb::handle fn) {
+  m.def("set_alias_retirer", [](nb::handle fn) {
     Py_XINCREF(fn.ptr());
-    Py_XDECREF(g_retire_derived);
-    g_retire_derived = fn.ptr();
-  }, "Set the function (list of kept views) -> None that retires arrays derived from them.");
+    Py_XDECREF(g_retire_aliases);
+    g_retire_aliases = fn.ptr();
+  }, "Set the function (list of kept views) -> None that cuts off every other array reaching "
+     "their memory; it is called before the views themselves are retired.");
 
   m.def("retire", [](nb::handle array) {
     if (!PyArray_Check(array.ptr())) throw nb::type_error("not a NumPy array");

@@ -6,6 +6,7 @@ import atexit
 import gc
 import os
 
+import jax
 import numpy as np
 
 from . import _trampoline
@@ -58,35 +59,119 @@ class Config:
 config = Config()
 
 
-def _retire_derived(views):
-    """Retire every array and memoryview found that still reaches the memory of ``views``.
+def _byte_range(array):
+    """The first and one-past-last byte addresses of an array's memory (None if it has none)."""
+    if array.size == 0:
+        return None
+    start = array.__array_interface__["data"][0]
+    low = high = start
+    for n, stride in zip(array.shape, array.strides):
+        extent = (n - 1) * stride
+        low, high = (low + extent, high) if extent < 0 else (low, high + extent)
+    return low, high + array.itemsize
+
+
+def _owner(array, kept_ids):
+    """Follow an array's ``base`` chain (through memoryviews too) to its end.
+
+    Returns True if the chain passes through a kept view, else the object at its end.
+    """
+    obj = array.base
+    while obj is not None:
+        if id(obj) in kept_ids:
+            return True
+        if isinstance(obj, np.ndarray):
+            obj = obj.base
+        elif isinstance(obj, memoryview):
+            try:
+                obj = obj.obj
+            except ValueError:  # released
+                return None
+        else:
+            return obj
+    return None
+
+
+def _heap_containers():
+    """Every object that can hold a reference the collector can see.
+
+    The collector tracks most containers; it stops tracking tuples and dicts
+    that hold only objects it does not track (NumPy arrays among them), so
+    ``(x[1:],)`` kept in a list is found by following those too.
+    """
+    containers = gc.get_objects()
+    seen = {id(obj) for obj in containers}
+    frontier = containers
+    while frontier:
+        found = []
+        for obj in gc.get_referents(*frontier):
+            if type(obj) in (tuple, dict) and not gc.is_tracked(obj) and id(obj) not in seen:
+                seen.add(id(obj))
+                found.append(obj)
+        containers.extend(found)
+        frontier = found
+    return containers
+
+
+def _aliases_memory(array, ranges) -> bool:
+    """Whether a computed, single-buffer JAX array's memory starts inside one of ``ranges``."""
+    try:
+        if array.is_deleted() or not array.is_ready():
+            return False
+        start = array.unsafe_buffer_pointer()
+    except Exception:  # sharded over several devices, or not on the CPU
+        return False
+    return any(low <= start < high for low, high in ranges)
+
+
+def _retire_aliases(views):
+    """Cut off every other array and memoryview that reaches the memory of ``views``.
 
     Called by the trampoline when a callback kept one of its arrays (only then:
-    it walks the heap). Derived NumPy views point into the same memory through
-    their own data pointer; they hold their ``base``, so they are found through
-    whatever holds them (a list, a dict, a closure, an object).
+    it walks the heap), before the views themselves are retired. An alias is a
+    NumPy array whose memory overlaps a view's, whatever its ``base`` chain (a
+    slice, ``np.frombuffer``, a DLPack import), unless that chain ends at a JAX
+    array (the memory is that array's: the user's own zero-copy view of an
+    input) or at nothing (another call's view); a memoryview of either; and a
+    JAX array that imported an output's memory without copying.
     """
-    kept = {id(v) for v in views}
-    holders = gc.get_objects()
-    memoryviews = []  # memoryviews of the kept views (NumPy makes one for np.asarray(memoryview))
+    ranges = [r for r in map(_byte_range, views) if r is not None]
+    kept_ids = {id(v) for v in views}
+    holders = _heap_containers()
+
+    def overlaps(array):
+        r = _byte_range(array)
+        return r is not None and any(r[0] < high and low < r[1] for low, high in ranges)
+
+    aliases = {}
+    for obj in gc.get_referents(*holders):
+        if (isinstance(obj, np.ndarray) and id(obj) not in kept_ids and not obj.flags.owndata
+                and id(obj) not in aliases and overlaps(obj)):
+            owner = _owner(obj, kept_ids)
+            if owner is True or (owner is not None and not isinstance(owner, jax.Array)):
+                aliases[id(obj)] = obj
+    reaching = kept_ids | set(aliases)
+    memoryviews = []
     for holder in holders:
         if isinstance(holder, memoryview):
             try:
-                if id(holder.obj) in kept:
+                if id(holder.obj) in reaching:
                     memoryviews.append(holder)
             except ValueError:  # released
                 pass
-    reaching = kept | {id(m) for m in memoryviews}
-    ndarray = np.ndarray
-    found = {id(obj): obj for obj in gc.get_referents(*holders)
-             if isinstance(obj, ndarray) and id(obj.base) in reaching and id(obj) not in kept}
-    for array in found.values():
-        if not array.flags.owndata:
-            _trampoline.retire(array)
+    for array in aliases.values():
+        _trampoline.retire(array)
+    # A JAX array imported without a copy (jnp.from_dlpack of an output) is
+    # deleted. Only outputs' memory counts: an input's may be the caller's own
+    # JAX array, and arrays still being computed are never touched.
+    out_ranges = [_byte_range(v) for v in views if v.flags.writeable and v.size]
+    for holder in holders:
+        if isinstance(holder, jax.Array) and out_ranges and _aliases_memory(holder, out_ranges):
+            holder.delete()
     for view in memoryviews:
         try:
             view.release()
-        except BufferError:  # exported further: reported, and its users above retired
+        except BufferError:  # exported further: its users are arrays, retired above
             pass
 
 
@@ -97,5 +182,5 @@ def _at_exit():
     _trampoline.shutdown(EXIT_TIMEOUT_SECONDS)
 
 
-_trampoline.set_derived_view_retirer(_retire_derived)
+_trampoline.set_alias_retirer(_retire_aliases)
 atexit.register(_at_exit)
