@@ -192,6 +192,39 @@ def _role_inputs(role: Role, n: int) -> str:
             "other slots, with the output cotangents in the outputs' place)")
 
 
+_abstract_error_types: dict = {}
+
+
+def _raise_abstract_failure(role: Role, err: Exception):
+    """Raise, for a user's abstract that raised ``err``, an exception of ``err``'s own type.
+
+    A built-in exception type (``ValueError``, ``AssertionError``, ...) becomes
+    an instance of a type derived from it and from :class:`JaxbindError`, whose
+    message names the op and which prints as the built-in's name: ``except
+    ValueError`` and ``except jaxbind.JaxbindError`` both catch it. Any other
+    type (the user's own, whose constructor and attributes jaxbind cannot know)
+    is raised itself, with a note naming the op.
+    """
+    message = f"jaxbind {role.label}: its abstract function raised {type(err).__name__}: {err}"
+    base = type(err)
+    if base.__module__ == "builtins":
+        try:
+            derived = _abstract_error_types.get(base)
+            if derived is None:
+                derived = type(base.__name__, (base, JaxbindError), {"__module__": "builtins"})
+                _abstract_error_types[base] = derived
+            failure = derived(message)
+        except TypeError:  # a built-in whose layout or constructor allows no such type
+            pass
+        else:
+            raise failure from err
+    if hasattr(err, "add_note"):
+        err.add_note(message)
+    else:  # Python 3.10: shown by nothing, but there to read
+        err.__notes__ = [*getattr(err, "__notes__", []), message]
+    raise err
+
+
 def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axis=False):
     """Run the user's abstract for ``role`` and check what it returns.
 
@@ -222,11 +255,9 @@ def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axi
             ) from err
         except ValueError:  # no signature available (builtins)
             pass
-        raise JaxbindError(f"jaxbind {role.label}: its abstract function raised TypeError: {err}") from err
+        _raise_abstract_failure(role, err)
     except Exception as err:
-        raise JaxbindError(
-            f"jaxbind {role.label}: its abstract function raised {type(err).__name__}: {err}"
-        ) from err
+        _raise_abstract_failure(role, err)
     if _looks_like_pair(result):
         raise _bad_abstract(role, result, "got a single pair; wrap it in a tuple: ((shape, dtype),)")
     if not isinstance(result, (tuple, list)):

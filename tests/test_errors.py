@@ -117,6 +117,68 @@ def test_abstract_raising():
     assert any(isinstance(e, ValueError) and "only 3-vectors" in str(e) for e in chain)
 
 
+class SolverConfigError(Exception):
+    """A user's own exception type, with a constructor of its own."""
+
+    def __init__(self, setting, value):
+        super().__init__(f"{setting}={value} is not allowed")
+        self.setting = setting
+
+
+def _raising(exc):
+    def abstract(x, **kwargs):
+        if x.ndim != 1:
+            raise exc
+        return ((x.shape, x.dtype),)
+    return abstract
+
+
+ABSTRACT_FAILURES = {
+    "ValueError": ValueError("need a 1-d input"),
+    "TypeError": TypeError("need a 1-d input"),
+    "AssertionError": AssertionError("need a 1-d input"),
+    "KeyError": KeyError("need a 1-d input"),
+    "user's own type": SolverConfigError("tol", -1),
+}
+PATHS = {
+    "eager": lambda op, x: op(x),
+    "jit": lambda op, x: jax.jit(lambda x: op(x)[0])(x),
+    "grad": lambda op, x: jax.grad(lambda x: jnp.sum(op(x)[0]))(x),
+    "vmap": lambda op, x: jax.vmap(lambda x: op(x)[0])(x[None]),
+}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("failure", list(ABSTRACT_FAILURES))
+def test_an_abstract_exception_keeps_its_type_and_names_the_op(failure, path):
+    exc = ABSTRACT_FAILURES[failure]
+    op = jaxbind.get_linear_call(ident, ident, _raising(exc), _raising(exc), name="vector_op")
+    with pytest.raises(type(exc)) as info:
+        PATHS[path](op, jnp.ones((2, 2)))
+    err = info.value
+    if type(exc).__module__ == "builtins":  # also a JaxbindError, and its message names the op
+        assert isinstance(err, jaxbind.JaxbindError)
+        assert "jaxbind op 'vector_op': its abstract function raised" in str(err)
+        assert type(err).__name__ == type(exc).__name__ and err.__cause__ is exc
+    else:  # the user's exception itself, with a note naming the op
+        assert err is exc and err.setting == "tol"
+        assert any("jaxbind op 'vector_op'" in note for note in err.__notes__)
+    # the op still works on inputs its abstract accepts
+    np.testing.assert_array_equal(PATHS[path](op, jnp.arange(3.0))[0] if path == "eager"
+                                  else PATHS[path](op, jnp.arange(3.0)),
+                                  {"grad": np.ones(3), "vmap": np.arange(3.0)[None]}.get(path, np.arange(3.0)))
+
+
+def test_an_assert_in_an_abstract_is_catchable_with_pytest_raises():
+    def abstract(x):
+        assert x.ndim == 1, "need a 1-d input"
+        return ((x.shape, x.dtype),)
+
+    op = jaxbind.get_linear_call(ident, ident, abstract, abstract)
+    with pytest.raises(AssertionError, match="need a 1-d input"):
+        jax.jit(lambda x: op(x)[0])(jnp.ones((2, 2)))
+
+
 def test_unsupported_dtype():
     op = jaxbind.get_linear_call(ident, ident, same_shape, same_shape)
     with pytest.raises(TypeError, match=r"op 'ident': argument 0 has dtype int4"):
