@@ -172,11 +172,14 @@ class Role:
         """The part of this role's inputs (arrays, structs or batch axes) its abstract is called with.
 
         With residuals the jvp callback's inputs are ``(*primals, *residuals,
-        *tangents)``, and its outputs are described by the op's abstract called
-        with the primals alone.
+        *tangents)``, and its outputs (the output tangents) are described by the
+        op's abstract called with the fixed primals and the tangents, which have
+        the shapes and dtypes of the primals they stand for. The tangents, not
+        the primals, carry the batch layout of ``jacfwd`` (a vmap over
+        tangents at a fixed primal point).
         """
         if self.is_jvp and self.op.n_residuals:
-            return items[:self.n_fixed - self.op.n_residuals]
+            return items[:self.op.first_n_args_fixed] + items[self.n_fixed:]
         return items
 
     @property

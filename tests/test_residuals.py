@@ -292,11 +292,15 @@ def test_fixed_argument_with_residuals(rng):
 # ---------------------------------------------------------------------------
 
 
-def like_first(args, batch_axes):
-    """Every input in the layout of the first (x): an elementwise op's outputs have it too."""
+def in_layout_of(which, args, batch_axes):
+    """Every input in the layout of input ``which``, the one these elementwise callbacks'
+    output has (the jvp's follows the tangent, the vjp's the primal): mapped inputs moved
+    there, unmapped ones (the primal point under jacfwd) given size-1 axes there."""
     if not batch_axes:
         return args
-    return [np.moveaxis(a, axes, batch_axes[0]) for a, axes in zip(args, batch_axes)]
+    layout = batch_axes[which]
+    return [np.moveaxis(a, axes, layout) if axes else np.expand_dims(a, sorted(layout))
+            for a, axes in zip(args, batch_axes)]
 
 
 def exp_batched(out, args, kwargs_dump):
@@ -307,12 +311,12 @@ def exp_batched(out, args, kwargs_dump):
 
 
 def exp_batched_jvp(out, args, kwargs_dump):
-    x, derivative, dx = like_first(args, jaxbind.load_kwargs(kwargs_dump)["batch_axes"])
+    x, derivative, dx = in_layout_of(-1, args, jaxbind.load_kwargs(kwargs_dump)["batch_axes"])
     out[0][...] = derivative * dx
 
 
 def exp_batched_vjp(out, args, kwargs_dump):
-    x, derivative, y_ct = like_first(args, jaxbind.load_kwargs(kwargs_dump)["batch_axes"])
+    x, derivative, y_ct = in_layout_of(0, args, jaxbind.load_kwargs(kwargs_dump)["batch_axes"])
     out[0][...] = derivative * y_ct
 
 
@@ -345,6 +349,18 @@ def test_func_can_batch_with_residuals(rng):
     np.testing.assert_allclose(got[1], jnp.exp(x) * dx, rtol=1e-12)
     got = jax.grad(lambda x: jnp.sum(jnp.sin(jax.vmap(lambda x: exp_op(x)[0], in_axes=1)(x))))(x)
     np.testing.assert_allclose(got, jnp.cos(jnp.exp(x)) * jnp.exp(x), rtol=1e-12)
+
+
+def test_jacfwd_of_func_can_batch_with_residuals(rng):
+    """jacfwd maps the tangents at one primal point: the jvp abstract learns their batch axis."""
+    x = rng.standard_normal((3, 2))
+    f = lambda x: exp_op(x)[0]  # noqa: E731
+    np.testing.assert_allclose(jax.jacfwd(f)(x), jax.jacfwd(jnp.exp)(x), rtol=1e-12)
+    np.testing.assert_allclose(jax.jit(jax.jacfwd(f))(x), jax.jacfwd(jnp.exp)(x), rtol=1e-12)
+    np.testing.assert_allclose(jax.vmap(jax.jacfwd(f), in_axes=1)(x),
+                               jax.vmap(jax.jacfwd(jnp.exp), in_axes=1)(x), rtol=1e-12)
+    np.testing.assert_allclose(jax.jacfwd(jax.vmap(f, in_axes=1))(x),
+                               jax.jacfwd(jax.vmap(jnp.exp, in_axes=1))(x), rtol=1e-12)
 
 
 # ---------------------------------------------------------------------------
