@@ -37,7 +37,11 @@ JVP = "jvp callback"
 
 
 class JaxbindError(RuntimeError):
-    """A user-supplied function (an abstract) failed while an op was traced."""
+    """A user-supplied function (an abstract) failed while an op was traced.
+
+    The exception raised then is also of the abstract's own built-in exception
+    type (a subclass of both), so ``except ValueError`` catches it too.
+    """
 
 
 def _name_of(fn) -> str:
