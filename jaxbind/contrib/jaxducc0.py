@@ -44,20 +44,24 @@ _REAL_OF = {c: r for r, c in _COMPLEX_OF.items()}
 _SQRT2 = math.sqrt(2.0)
 
 
-def _check_kwargs(op_name, kwargs, allowed):
+# The errors of the abstracts below reach the caller as a jaxbind.JaxbindError
+# that names the op, with the error itself as its cause.
+
+
+def _check_kwargs(kwargs, allowed):
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise TypeError(
-            f"jaxducc0.{op_name}: unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+            f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
             f"accepted: {', '.join(sorted(allowed))}."
         )
 
 
-def _check_dtype(op_name, what, dtype, accepted):
+def _check_dtype(what, dtype, accepted):
     dtype = np.dtype(dtype)
     if dtype not in accepted:
         names = " or ".join(d.name for d in accepted)
-        raise TypeError(f"jaxducc0.{op_name}: {what} must be {names}, got {dtype.name}.")
+        raise TypeError(f"{what} must be {names}, got {dtype.name}.")
 
 
 # ---------------------------------------------------------------------------
@@ -70,7 +74,7 @@ def _check_dtype(op_name, what, dtype, accepted):
 # ---------------------------------------------------------------------------
 
 
-def _transform_axes(op_name, ndim, batch_axes, axes):
+def _transform_axes(ndim, batch_axes, axes):
     """The axes of the (batched) array to transform.
 
     ``axes`` (None, an int or a sequence of ints, negative ones counted from
@@ -88,22 +92,22 @@ def _transform_axes(op_name, ndim, batch_axes, axes):
             wanted = [operator.index(a) for a in axes]
         except TypeError:
             raise TypeError(
-                f"jaxducc0.{op_name}: axes must be None, an int or a sequence of ints, got {axes!r}."
+                f"axes must be None, an int or a sequence of ints, got {axes!r}."
             ) from None
     chosen = []
     for a in wanted:
         if not -len(core) <= a < len(core):
-            raise ValueError(f"jaxducc0.{op_name}: axis {a} is out of range for an array of rank {len(core)}.")
+            raise ValueError(f"axis {a} is out of range for an array of rank {len(core)}.")
         a %= len(core)
         if core[a] in chosen:
-            raise ValueError(f"jaxducc0.{op_name}: axis {a} is repeated in axes={axes!r}.")
+            raise ValueError(f"axis {a} is repeated in axes={axes!r}.")
         chosen.append(core[a])
     return chosen
 
 
-def _check_inorm(op_name, inorm):
+def _check_inorm(inorm):
     if inorm not in (0, 1, 2):
-        raise ValueError(f"jaxducc0.{op_name}: inorm must be 0, 1 or 2, got {inorm!r}.")
+        raise ValueError(f"inorm must be 0, 1 or 2, got {inorm!r}.")
 
 
 def _same_layout(x, batch_axes):
@@ -117,10 +121,10 @@ _C2C_KWARGS = ("axes", "forward", "inorm", "nthreads")
 
 
 def _c2c_abstract(x, *, batch_axes=None, **kwargs):
-    _check_kwargs("c2c", kwargs, _C2C_KWARGS)
-    _check_dtype("c2c", "the input", x.dtype, tuple(_REAL_OF))
-    _check_inorm("c2c", kwargs.get("inorm", 0))
-    _transform_axes("c2c", len(x.shape), batch_axes, kwargs.get("axes"))
+    _check_kwargs(kwargs, _C2C_KWARGS)
+    _check_dtype("the input", x.dtype, tuple(_REAL_OF))
+    _check_inorm(kwargs.get("inorm", 0))
+    _transform_axes(len(x.shape), batch_axes, kwargs.get("axes"))
     return _same_layout(x, batch_axes)
 
 
@@ -129,7 +133,7 @@ def _c2c(out, args, kwargs_dump):
     kw = load_kwargs(kwargs_dump)
     ducc0.fft.c2c(
         x,
-        axes=_transform_axes("c2c", x.ndim, kw.get("batch_axes"), kw.get("axes")),
+        axes=_transform_axes(x.ndim, kw.get("batch_axes"), kw.get("axes")),
         forward=bool(kw.get("forward", True)),
         inorm=kw.get("inorm", 0),
         nthreads=kw.get("nthreads", 1),
@@ -161,10 +165,10 @@ _FHT_KWARGS = ("axes", "inorm", "nthreads")
 
 
 def _fht_abstract(x, *, batch_axes=None, **kwargs):
-    _check_kwargs("genuine_fht", kwargs, _FHT_KWARGS)
-    _check_dtype("genuine_fht", "the input", x.dtype, tuple(_COMPLEX_OF))
-    _check_inorm("genuine_fht", kwargs.get("inorm", 0))
-    _transform_axes("genuine_fht", len(x.shape), batch_axes, kwargs.get("axes"))
+    _check_kwargs(kwargs, _FHT_KWARGS)
+    _check_dtype("the input", x.dtype, tuple(_COMPLEX_OF))
+    _check_inorm(kwargs.get("inorm", 0))
+    _transform_axes(len(x.shape), batch_axes, kwargs.get("axes"))
     return _same_layout(x, batch_axes)
 
 
@@ -173,7 +177,7 @@ def _fht(out, args, kwargs_dump):
     kw = load_kwargs(kwargs_dump)
     ducc0.fft.genuine_fht(
         x,
-        axes=_transform_axes("genuine_fht", x.ndim, kw.get("batch_axes"), kw.get("axes")),
+        axes=_transform_axes(x.ndim, kw.get("batch_axes"), kw.get("axes")),
         inorm=kw.get("inorm", 0),
         nthreads=kw.get("nthreads", 1),
         out=out[0],
@@ -283,12 +287,12 @@ _SHT_KWARGS = ("nside", "lmax", "mmax", "spin", "nthreads")
 
 
 def _sht_abstract(x, **kw):
-    _check_kwargs("healpix_sht", kw, _SHT_KWARGS)
-    _check_dtype("healpix_sht", "the real-packed alm", x.dtype, tuple(_COMPLEX_OF))
+    _check_kwargs(kw, _SHT_KWARGS)
+    _check_dtype("the real-packed alm", x.dtype, tuple(_COMPLEX_OF))
     want = (_ncomp(kw["spin"]), _nreal(kw["lmax"], kw["mmax"]))
     if tuple(x.shape) != want:
         raise ValueError(
-            f"jaxducc0.healpix_sht: the real-packed alm must have shape {want} (ncomp, "
+            f"the real-packed alm must have shape {want} (ncomp, "
             f"2 * nalm(lmax, mmax) - lmax - 1) for spin={kw['spin']}, lmax={kw['lmax']}, "
             f"mmax={kw['mmax']}; got {tuple(x.shape)}."
         )
@@ -296,8 +300,8 @@ def _sht_abstract(x, **kw):
 
 
 def _sht_abstract_T(m, **kw):
-    _check_kwargs("healpix_sht", kw, _SHT_KWARGS)
-    _check_dtype("healpix_sht", "the map cotangent", m.dtype, tuple(_COMPLEX_OF))
+    _check_kwargs(kw, _SHT_KWARGS)
+    _check_dtype("the map cotangent", m.dtype, tuple(_COMPLEX_OF))
     return (((_ncomp(kw["spin"]), _nreal(kw["lmax"], kw["mmax"])), m.dtype),)
 
 
@@ -378,20 +382,20 @@ def _as_f64(a):
 
 def _check_coords(uvw, freq):
     if len(uvw.shape) != 2 or uvw.shape[1] != 3:
-        raise ValueError(f"jaxducc0.wgridder: uvw must have shape (nrow, 3), got {tuple(uvw.shape)}.")
+        raise ValueError(f"uvw must have shape (nrow, 3), got {tuple(uvw.shape)}.")
     if len(freq.shape) != 1:
-        raise ValueError(f"jaxducc0.wgridder: freq must be 1-d (nchan,), got shape {tuple(freq.shape)}.")
+        raise ValueError(f"freq must be 1-d (nchan,), got shape {tuple(freq.shape)}.")
     for what, a in (("uvw", uvw), ("freq", freq)):
         if not np.issubdtype(np.dtype(a.dtype), np.floating):
-            raise TypeError(f"jaxducc0.wgridder: {what} must be real floats, got {np.dtype(a.dtype).name}.")
+            raise TypeError(f"{what} must be real floats, got {np.dtype(a.dtype).name}.")
 
 
 def _dirty2vis_abstract(uvw, freq, dirty, **kw):
     _check_coords(uvw, freq)
-    _check_dtype("wgridder", "the image", dirty.dtype, tuple(_COMPLEX_OF))
+    _check_dtype("the image", dirty.dtype, tuple(_COMPLEX_OF))
     if tuple(dirty.shape) != (kw["npix_x"], kw["npix_y"]):
         raise ValueError(
-            f"jaxducc0.wgridder: the image must have shape (npix_x, npix_y) = "
+            f"the image must have shape (npix_x, npix_y) = "
             f"{(kw['npix_x'], kw['npix_y'])}, got {tuple(dirty.shape)}."
         )
     return (((uvw.shape[0], freq.shape[0]), _COMPLEX_OF[np.dtype(dirty.dtype)]),)
@@ -399,10 +403,10 @@ def _dirty2vis_abstract(uvw, freq, dirty, **kw):
 
 def _vis2dirty_abstract(uvw, freq, vis, **kw):
     _check_coords(uvw, freq)
-    _check_dtype("wgridder", "the visibility cotangent", vis.dtype, tuple(_REAL_OF))
+    _check_dtype("the visibility cotangent", vis.dtype, tuple(_REAL_OF))
     if tuple(vis.shape) != (uvw.shape[0], freq.shape[0]):
         raise ValueError(
-            f"jaxducc0.wgridder: the visibility cotangent must have shape (nrow, nchan) = "
+            f"the visibility cotangent must have shape (nrow, nchan) = "
             f"{(uvw.shape[0], freq.shape[0])}, got {tuple(vis.shape)}."
         )
     return (((kw["npix_x"], kw["npix_y"]), _REAL_OF[np.dtype(vis.dtype)]),)
