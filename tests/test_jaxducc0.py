@@ -264,6 +264,41 @@ def test_healpix_sht_vmap_and_grad(rng):
     assert_allclose(g, want_g, rtol=1e-12, atol=1e-12)
 
 
+@pmp("spin", [0, 1])
+def test_healpix_sht_nested_vmap_is_one_ducc0_call(spin, rng, monkeypatch):
+    nside, lmax, mmax = 2, 4, 3
+    ncomp = 1 if spin == 0 else 2
+    sht = jaxducc0.get_healpix_sht(nside, lmax, mmax, spin)
+    geometry = ducc0.healpix.Healpix_Base(nside, "RING").sht_info()
+    n = 2 * jaxducc0.nalm(lmax, mmax) - lmax - 1
+    xb = rng.standard_normal((3, ncomp, 4, n))  # elements (ncomp, n); levels at axes 2 (inner) and 0
+    f = jax.jit(jax.vmap(jax.vmap(lambda v: sht(v)[0], in_axes=1, out_axes=2), in_axes=0, out_axes=1))
+    ct = rng.standard_normal((ncomp, 3, 12 * nside**2, 4))
+    want = np.empty(ct.shape)
+    want_t = np.empty(xb.shape)
+    for i in range(3):
+        for j in range(4):
+            alm = jaxducc0.realalm2alm(xb[i, :, j], lmax)
+            want[:, i, :, j] = ducc0.sht.synthesis(alm=alm, lmax=lmax, mmax=mmax, spin=spin, **geometry)
+            adj = ducc0.sht.adjoint_synthesis(map=np.ascontiguousarray(ct[:, i, :, j]), lmax=lmax, mmax=mmax,
+                                              spin=spin, **geometry)
+            want_t[i, :, j] = jaxducc0.alm2realalm(adj, lmax)
+    vjp = jax.jit(lambda x, c: jax.vjp(f, x)[1](c)[0])
+    f(xb).block_until_ready(), vjp(xb, ct).block_until_ready()  # compile first
+    calls = []
+    for name in ("synthesis", "adjoint_synthesis"):
+        inner = getattr(ducc0.sht, name)
+        monkeypatch.setattr(ducc0.sht, name, lambda inner=inner, name=name, **k: (
+            calls.append((name, (k.get("alm") if name == "synthesis" else k.get("map")).shape)), inner(**k))[1])
+    got = f(xb)
+    assert calls == [("synthesis", (12, ncomp, jaxducc0.nalm(lmax, mmax)))]
+    assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    calls.clear()
+    got_t = vjp(xb, ct)
+    assert calls == [("adjoint_synthesis", (12, ncomp, 12 * nside**2))]
+    assert_allclose(got_t, want_t, rtol=1e-12, atol=1e-12)
+
+
 def test_healpix_sht_errors(rand):
     sht = jaxducc0.get_healpix_sht(2, 4, 4, 0)
     with _raises(ValueError, r"shape \(1, 25\)"):

@@ -10,7 +10,8 @@ complex conjugation).
   natively under ``vmap``.
 - :func:`get_healpix_sht`: spherical harmonic synthesis onto a HEALPix map
   (``ducc0.sht.synthesis``, transpose from ``ducc0.sht.adjoint_synthesis``) on
-  real-packed :math:`a_{lm}` (see :func:`alm2realalm`); :func:`nalm`.
+  real-packed :math:`a_{lm}` (see :func:`alm2realalm`), batched natively under
+  ``vmap``; :func:`nalm`.
 - :func:`get_wgridder`: the radio-interferometric degridder image -> visibilities
   (``ducc0.wgridder.experimental.dirty2vis``, transpose from ``vis2dirty``).
 
@@ -285,43 +286,104 @@ def _ncomp(spin):
 
 _SHT_KWARGS = ("nside", "lmax", "mmax", "spin", "nthreads")
 
+# Under vmap the op batches natively: ducc0 transforms a stack of (ncomp, n)
+# arrays in one call, sharing its work across the stack. Outputs keep the batch
+# axes where the input has them (both sides have rank 2 per element).
 
-def _sht_abstract(x, **kw):
+
+def _element_shape(x, batch_axes):
+    skip = set(batch_axes[0]) if batch_axes is not None else set()
+    return tuple(n for i, n in enumerate(x.shape) if i not in skip)
+
+
+def _batched_like(x, batch_axes, element_shape, dtype):
+    """(shape, dtype[, newest batch axis]) of an output laid out like ``x``."""
+    if batch_axes is None:
+        return ((tuple(element_shape), dtype),)
+    axes, core = batch_axes[0], iter(element_shape)
+    shape = tuple(n if i in axes else next(core) for i, n in enumerate(x.shape))
+    return ((shape, dtype, axes[-1]),)
+
+
+def _to_stack(a, batch_axes):
+    """View ``a`` as a (batch, *element) stack (a copy if need be), batch levels in order."""
+    if batch_axes is None:
+        return a[None]
+    axes = batch_axes[0]
+    moved = np.moveaxis(a, axes, range(len(axes)))
+    return moved.reshape((-1,) + moved.shape[len(axes):])
+
+
+def _from_stack(out, stack, batch_axes):
+    """Write a (batch, *element) stack into the batched ``out``: the inverse of :func:`_to_stack`."""
+    axes = batch_axes[0]
+    moved = np.moveaxis(out, axes, range(len(axes)))  # a view of out
+    moved[...] = stack.reshape(moved.shape)
+
+
+def _sht_shapes(kw):
+    ncomp = _ncomp(kw["spin"])
+    return (ncomp, _nreal(kw["lmax"], kw["mmax"])), (ncomp, 12 * kw["nside"] ** 2)
+
+
+def _sht_abstract(x, *, batch_axes=None, **kw):
     _check_kwargs(kw, _SHT_KWARGS)
     _check_dtype("the real-packed alm", x.dtype, tuple(_COMPLEX_OF))
-    want = (_ncomp(kw["spin"]), _nreal(kw["lmax"], kw["mmax"]))
-    if tuple(x.shape) != want:
+    alm_shape, map_shape = _sht_shapes(kw)
+    got = _element_shape(x, batch_axes)
+    if got != alm_shape:
         raise ValueError(
-            f"the real-packed alm must have shape {want} (ncomp, "
+            f"the real-packed alm must have shape {alm_shape} (ncomp, "
             f"2 * nalm(lmax, mmax) - lmax - 1) for spin={kw['spin']}, lmax={kw['lmax']}, "
-            f"mmax={kw['mmax']}; got {tuple(x.shape)}."
+            f"mmax={kw['mmax']}; got {got}."
         )
-    return (((want[0], 12 * kw["nside"] ** 2), x.dtype),)
+    return _batched_like(x, batch_axes, map_shape, x.dtype)
 
 
-def _sht_abstract_T(m, **kw):
+def _sht_abstract_T(m, *, batch_axes=None, **kw):
     _check_kwargs(kw, _SHT_KWARGS)
     _check_dtype("the map cotangent", m.dtype, tuple(_COMPLEX_OF))
-    return (((_ncomp(kw["spin"]), _nreal(kw["lmax"], kw["mmax"])), m.dtype),)
+    alm_shape, map_shape = _sht_shapes(kw)
+    got = _element_shape(m, batch_axes)
+    if got != map_shape:
+        raise ValueError(f"the map cotangent must have shape {map_shape}; got {got}.")
+    return _batched_like(m, batch_axes, alm_shape, m.dtype)
 
 
 def _sht_synthesis(out, args, kwargs_dump):
     (x,) = args
     kw = load_kwargs(kwargs_dump)
-    alm = np.empty((x.shape[0], nalm(kw["lmax"], kw["mmax"])), _COMPLEX_OF[x.dtype])
-    _unpack(x, kw["lmax"], alm)
-    ducc0.sht.synthesis(alm=alm, map=out[0], **_sht_params(kw))
+    batch_axes = kw.pop("batch_axes", None)
+    if out[0].size == 0:
+        return
+    xs = _to_stack(x, batch_axes)
+    alm = np.empty(xs.shape[:-1] + (nalm(kw["lmax"], kw["mmax"]),), _COMPLEX_OF[x.dtype])
+    _unpack(xs, kw["lmax"], alm)
+    if batch_axes is None:
+        ducc0.sht.synthesis(alm=alm[0], map=out[0], **_sht_params(kw))
+    else:
+        _from_stack(out[0], ducc0.sht.synthesis(alm=alm, **_sht_params(kw)), batch_axes)
 
 
 def _sht_adjoint(out, args, kwargs_dump):
     (m,) = args
     kw = load_kwargs(kwargs_dump)
-    alm = ducc0.sht.adjoint_synthesis(map=m, **_sht_params(kw))
-    _pack(alm, kw["lmax"], out[0])
+    batch_axes = kw.pop("batch_axes", None)
+    if out[0].size == 0:
+        return
+    ms = m if batch_axes is None else _to_stack(m, batch_axes)
+    alm = ducc0.sht.adjoint_synthesis(map=ms, **_sht_params(kw))
+    if batch_axes is None:
+        _pack(alm, kw["lmax"], out[0])
+    else:
+        packed = np.empty(alm.shape[:-1] + (2 * alm.shape[-1] - kw["lmax"] - 1,), out[0].dtype)
+        _pack(alm, kw["lmax"], packed)
+        _from_stack(out[0], packed, batch_axes)
 
 
 healpix_sht = get_linear_call(
-    _sht_synthesis, _sht_adjoint, _sht_abstract, _sht_abstract_T, name="jaxducc0.healpix_sht"
+    _sht_synthesis, _sht_adjoint, _sht_abstract, _sht_abstract_T, func_can_batch=True,
+    name="jaxducc0.healpix_sht",
 )
 healpix_sht.__doc__ = """HEALPix spherical harmonic synthesis as a linear jaxbind op.
 
@@ -346,7 +408,8 @@ def get_healpix_sht(nside, lmax, mmax, spin, nthreads=1):
       :func:`alm2realalm`), ``map`` of shape ``(ncomp, 12 * nside**2)`` and the
       dtype of ``x``, with ``ncomp`` 1 for spin 0 and 2 otherwise. It is linear,
       with ``ducc0.sht.adjoint_synthesis`` (repacked) as its transpose; it
-      jit-compiles, differentiates and vmaps. ``sht.func`` is the underlying
+      jit-compiles, differentiates and vmaps (a vmapped call is one ducc0
+      call for the whole batch). ``sht.func`` is the underlying
       op, ``sht.keywords`` its keyword arguments.
     """
     nside, lmax, mmax, spin, nthreads = map(operator.index, (nside, lmax, mmax, spin, nthreads))
