@@ -23,9 +23,10 @@ DTYPE_ID = lambda d: d.name  # noqa: E731
 
 @contextlib.contextmanager
 def _raises(cause, match):
-    """An error of an op's abstract: a JaxbindError naming the op, caused by a ``cause``."""
-    with pytest.raises(jaxbind.JaxbindError, match=match) as info:
+    """An error of an op's abstract: of the type ``cause`` and a JaxbindError, naming the op."""
+    with pytest.raises(cause, match=match) as info:
         yield
+    assert isinstance(info.value, jaxbind.JaxbindError)
     assert isinstance(info.value.__cause__, cause), repr(info.value.__cause__)
     assert "jaxbind op 'jaxducc0." in str(info.value)
 

@@ -45,8 +45,8 @@ _REAL_OF = {c: r for r, c in _COMPLEX_OF.items()}
 _SQRT2 = math.sqrt(2.0)
 
 
-# The errors of the abstracts below reach the caller as a jaxbind.JaxbindError
-# that names the op, with the error itself as its cause.
+# The errors of the abstracts below reach the caller with their own type (also
+# a jaxbind.JaxbindError) and a message that names the op.
 
 
 def _check_kwargs(kwargs, allowed):
