@@ -142,6 +142,30 @@ def test_a_callback_keeping_nothing_passes_whenever_the_collector_last_ran():
         np.testing.assert_allclose(f(C + k), cubic_root_reference(C + k), rtol=1e-10)
 
 
+@pytest.mark.parametrize("collector", ["enabled", "disabled"])
+def test_views_held_only_by_reference_cycles_are_not_kept(collector):
+    """Garbage holding a view, a slice of one and a weak reference: the call succeeds, also
+    with the collector switched off by the user (jaxbind collects explicitly)."""
+
+    def leaves_cycles(out, args, kwargs_dump):
+        cycle = {"x": args[0], "slice": out[0][1:], "ref": weakref.ref(out[0])}
+        cycle["self"] = cycle
+        np.multiply(args[0], 3, out=out[0])
+
+    op = jaxbind.get_linear_call(leaves_cycles, leaves_cycles, same_shape, same_shape)
+    f = jax.jit(lambda x: op(x)[0])
+    was_enabled = gc.isenabled()
+    if collector == "disabled":
+        gc.disable()
+    try:
+        for k in range(5):
+            np.testing.assert_array_equal(f(C + k), 3 * (C + k))
+        np.testing.assert_array_equal(jax.vmap(lambda x: op(x)[0])(BATCH), 3 * BATCH)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def test_a_numba_function_given_the_views_compiles_and_runs():
     @numba.njit
     def twice(out, args):  # compiled on the first call, from the tuples' types
