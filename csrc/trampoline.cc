@@ -949,12 +949,18 @@ class WholePadded {
         valid->rank < static_cast<int64_t>(levels_)) {
       return "internal error: the validity operand of a padded batch is malformed";
     }
-    for (size_t j = 0; j < n_out_; ++j) {
-      if (Buf(outs_[j])->rank < static_cast<int64_t>(levels_)) {
-        return "internal error: an output has fewer dimensions than batch levels";
+    sizes_.assign(valid->dims, valid->dims + levels_);
+    // Every array has the same batch levels in front (never a copy past an end).
+    for (size_t k = 0; k < n_in_ + n_out_; ++k) {
+      const auto* buf = Buf(k < n_in_ ? ins_[k] : outs_[k - n_in_]);
+      bool same = buf->rank >= static_cast<int64_t>(levels_);
+      for (size_t l = 0; same && l < levels_; ++l) same = buf->dims[l] == sizes_[l];
+      if (!same) {
+        return "internal error: the batch dimensions of " +
+               (k < n_in_ ? "input " + std::to_string(k) : "output " + std::to_string(k - n_in_)) +
+               " differ from those of the validity operand";
       }
     }
-    sizes_.assign(valid->dims, valid->dims + levels_);
     total_ = 1;
     for (int64_t n : sizes_) total_ *= n;
     const bool wide = valid->dtype == XLA_FFI_DataType_S64;
