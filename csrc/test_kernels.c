@@ -264,3 +264,22 @@ EXPORT int jb_write_half(const jaxbind_call *call) {
   for (int64_t i = 0, n = jaxbind_size(&call->out[0]); i < n / 2; ++i) y[i] = 1.0;
   return 0;
 }
+
+/* out[0] = factor * in[last] (float64; factor = kwarg "factor", default 2), like
+ * jb_scale, but with a domain: an input of zeros only is refused. Linear in its
+ * last input, so it is its own transpose. (Padding of a partitioned batch, which
+ * XLA fills with zeros, must never reach it.) */
+EXPORT int jb_scale_nonzero(const jaxbind_call *call) {
+  if (check_counts(call, 1, 1)) return 1;
+  const jaxbind_array *x = &call->in[call->n_in - 1];
+  if (check_dtypes(call, "jb_scale_nonzero", x, 1, JAXBIND_FLOAT64) ||
+      check_dtypes(call, "jb_scale_nonzero", call->out, 1, JAXBIND_FLOAT64)) return 1;
+  const double factor = jaxbind_kwarg_float(call, "factor", 2.0);
+  const double *a = x->data; double *b = call->out[0].data;
+  const int64_t n = jaxbind_size(x);
+  int64_t nonzero = 0;
+  for (int64_t i = 0; i < n; ++i) nonzero += a[i] != 0.0;
+  if (n > 0 && nonzero == 0) return jaxbind_fail(call, "jb_scale_nonzero: an input of zeros only");
+  for (int64_t i = 0; i < n; ++i) b[i] = factor * a[i];
+  return 0;
+}

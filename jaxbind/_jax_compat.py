@@ -141,17 +141,42 @@ def register_batch_partitionable(target: str) -> bool:
     return True
 
 
-def batch_partitioning_attributes(ctx, levels: int) -> dict:
-    """The custom-call attributes that let XLA split a call along ``levels`` leading dims."""
+def auto_device_count(ctx) -> int:
+    """How many devices XLA's partitioner may split the arrays of this lowering over.
+
+    A jit over several devices: all of them; inside ``shard_map``: the devices
+    of the mesh axes left automatic (none when all are manual); else 1.
+    """
+    try:
+        from jax._src.sharding_impls import ShardingContext, SPMDAxisContext
+    except ImportError:  # pragma: no cover - other layouts: assume padding is possible
+        return 2
+    context = ctx.module_context.axis_context
+    if isinstance(context, ShardingContext):
+        return context.num_devices
+    if isinstance(context, SPMDAxisContext):
+        manual = 1
+        for axis in context.manual_axes:
+            manual *= context.mesh.shape[axis]
+        return context.mesh.size // manual
+    return 1
+
+
+def batch_partitioning_attributes(ctx, levels: int, avals_in=None) -> dict:
+    """The custom-call attributes that let XLA split a call along ``levels`` leading dims.
+
+    ``avals_in``: the call's operands, when they are not ``ctx.avals_in``.
+    """
     attributes = {"mhlo.frontend_attributes": mlir.ir.DictAttr.get(
         {"num_batch_dims": mlir.ir.StringAttr.get(str(levels))})}
     if _sdy_rule is not None and getattr(jax.config, "jax_use_shardy_partitioner", False):
         letters = (f"d{k}" for k in itertools.count())  # a factor per non-batch dimension
         side = lambda avals: ", ".join(  # noqa: E731
             " ".join(["..."] + [next(letters) for _ in a.shape[levels:]]) for a in avals)
-        rule = _sdy_rule(f"{side(ctx.avals_in)} -> {side(ctx.avals_out)}")
+        avals_in = ctx.avals_in if avals_in is None else avals_in
+        rule = _sdy_rule(f"{side(avals_in)} -> {side(ctx.avals_out)}")
         types = lambda avals: [_ir_type(ctx, a) for a in avals]  # noqa: E731
-        attributes["sdy.sharding_rule"] = _sdy_rule_to_mlir(rule, types(ctx.avals_in), types(ctx.avals_out))
+        attributes["sdy.sharding_rule"] = _sdy_rule_to_mlir(rule, types(avals_in), types(ctx.avals_out))
     return attributes
 
 
@@ -172,7 +197,7 @@ def set_frontend_attribute(results, key: str, value: str):
 
 
 __all__ = [
-    "Primitive", "ad", "apply_primitive", "batch_partitioning_attributes", "batching",
+    "Primitive", "ad", "apply_primitive", "auto_device_count", "batch_partitioning_attributes", "batching",
     "cast_to_common_vma", "get_aval", "mlir", "register_batch_partitionable", "reshard_like",
     "set_frontend_attribute", "shaped_array", "sharding_spec", "varying_axes",
 ]
