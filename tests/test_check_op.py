@@ -335,4 +335,4 @@ def test_fd_rtol_admits_an_op_computed_to_its_own_accuracy():
         check_op(op, x)
     summary = check_op(op, x, fd_rtol=1e-3)
     fd = [c for c in summary.checks if c["check"] == "jvp against central differences"]
-    assert fd and all(c["tolerance"] == 1e-3 and c["error"] <= 1e-3 for c in fd)
+    assert fd and all(0.99e-3 <= c["tolerance"] < 1.01e-3 and c["error"] <= c["tolerance"] for c in fd)
