@@ -187,6 +187,11 @@ def _size(x) -> int:
     return int(np.prod(np.shape(x), dtype=np.int64))
 
 
+def ratio_or(value: float, magnitude: float) -> float:
+    """``value`` relative to ``magnitude`` (``value`` itself where the magnitude is zero)."""
+    return value / magnitude if magnitude else value
+
+
 def _nonfinite(x) -> int:
     x = np.asarray(x)
     if not _inexact(x.dtype):
@@ -559,12 +564,17 @@ class _Checker:
     def check_fd(self, i):
         """The jvp in argument i against fourth-order central differences, output by output.
 
-        The step is ``e |x|`` per element (``e = min(eps^(1/5), 0.2)``), then
-        e/10, e/100 for an output that does not agree at e (a kink, a
-        function varying on a scale finer than |x|). The differences are
-        compared with the jvp of the tangent they actually took (the points
-        are rounded to the argument's dtype). The tolerance is the rounding
-        model: the outputs' rounding, magnified by 1/e, plus the jvp's own.
+        The step is ``e |x|`` per element, ``e = min((eps/2)^(1/5), 0.2)`` for
+        the coarsest precision involved (it balances rounding against
+        truncation). An output that disagrees there is tried at e/10 and
+        e/100 (a kink, a function varying on a scale finer than |x|); one
+        whose rounding tolerance at e is too coarse to be meaningful (a large
+        offset, a low precision) at larger steps, up to 0.2, where a
+        disagreement may be truncation and is reported as skipped. The
+        differences are compared with the jvp of the tangent they actually
+        took (the points are rounded to the argument's dtype). The tolerance
+        is the rounding model: the outputs' rounding, magnified by 1/e, plus
+        the jvp's own, plus ``fd_rtol`` times the jvp.
         """
         check = "jvp against central differences"
         argument = f"argument {i}"
@@ -573,80 +583,95 @@ class _Checker:
         f = self.f_of_one(i)
         x = _wide(x0)
         v = self.tangent(x0)
-        n = max([_size(x0)] + [_size(o) for o in self.outs] + [1])
-        g = _growth(n)
+        g = _growth(max([_size(x0)] + [_size(o) for o in self.outs] + [1]))
         coarsest = max([_eps(dtype)] + [self.eps(self.outs[j].dtype) for j in self.inexact_outputs])
         first = min(FD_MAX_STEP, (coarsest / 2) ** 0.2)
-        pending = list(self.inexact_outputs)
-        best = {}  # output -> (error, tolerance, magnitude) at the step it did best
-        shape_checked = False
-        for fraction in FD_LADDER:
-            e = first * fraction
-            points = [jnp.asarray((x + (k * e) * v).astype(dtype)) for k in FD_POINTS]
-            taken = sum(w * (_wide(p) - x) for w, p in zip(FD_WEIGHTS, points)) / e
-            t = jnp.asarray(taken.astype(dtype))
-            _, jv = self.attempt(check, argument, lambda: jax.jvp(f, (x0,), (t,)))
-            if not shape_checked:
-                for j in self.inexact_outputs:
-                    o = self.outs[j]
-                    if (jv[j].shape, jv[j].dtype) != (o.shape, o.dtype):
-                        self.fail(check, argument, f"the tangent of output {j} has shape {jv[j].shape} and dtype "
-                                  f"{jv[j].dtype}, but the output has {o.shape} {o.dtype} (check what the abstract "
-                                  "declares when called with the tangents)")
-                self.finite(check, argument, "tangent of output", [(j, jv[j]) for j in self.inexact_outputs])
-                shape_checked = True
-            values = [self.attempt(check, argument, lambda p=p: f(p)) for p in points]
-            still = []
-            for j in pending:
-                fd = sum(w * _wide(val[j]) for w, val in zip(FD_WEIGHTS, values)) / e
-                if not np.all(np.isfinite(fd)):
-                    still.append(j)
-                    best.setdefault(j, (math.inf, 0.0, _norm(jv[j]), e))
-                    continue
-                error = _norm(fd - _wide(jv[j]))
-                magnitude = max(_norm(fd), _norm(jv[j]))
-                rounding = sum(abs(w) * _norm(val[j]) for w, val in zip(FD_WEIGHTS, values)) / e
-                tolerance = g * self.eps(self.outs[j].dtype) * (rounding + _norm(jv[j]))
-                if self.fd_rtol is not None:
-                    tolerance += self.fd_rtol * _norm(jv[j])
-                previous = best.get(j)
-                ratio = error / tolerance if tolerance else (0.0 if error == 0 else math.inf)
-                if previous is None or ratio < (previous[0] / previous[1] if previous[1] else math.inf):
-                    best[j] = (error, tolerance, magnitude, e)
-                if not error <= tolerance:
-                    still.append(j)
-            pending = still
-            if not pending:
-                break
-        if pending:
-            j = pending[0]
-            error, tolerance, magnitude, e = best[j]
-            rtol = f"fd_rtol={self.fd_rtol:g}" if self.fd_rtol is not None else "no fd_rtol"
-            self.fail(check, f"{argument}, output {j}" if len(self.inexact_outputs) > 1 else argument,
-                      "the jvp disagrees with finite differences of f at every step tried (steps "
-                      f"{first:.2g}, {first * FD_LADDER[1]:.2g} and {first * FD_LADDER[2]:.2g} times each element's "
-                      f"magnitude)", error / magnitude if magnitude else math.inf,
-                      tolerance / magnitude if magnitude else tolerance,
-                      hint=f"The tolerance is rounding only ({rtol}). If f is computed to an accuracy of its own "
-                      "(an iterative or adaptive solver, an interpolation table), pass fd_rtol= its relative "
-                      "accuracy: the jvp may then differ from finite differences by that much more, and a jvp "
-                      "wrong by more is still caught.")
+        evaluated = {}
+
+        def at(e):
+            """The jvp and f at the points of step e: evaluated once, for every output."""
+            if e not in evaluated:
+                points = [jnp.asarray((x + (k * e) * v).astype(dtype)) for k in FD_POINTS]
+                taken = sum(w * (_wide(p) - x) for w, p in zip(FD_WEIGHTS, points)) / e
+                t = jnp.asarray(taken.astype(dtype))
+                _, jv = self.attempt(check, argument, lambda: jax.jvp(f, (x0,), (t,)))
+                if not evaluated:
+                    for j in self.inexact_outputs:
+                        o = self.outs[j]
+                        if (jv[j].shape, jv[j].dtype) != (o.shape, o.dtype):
+                            self.fail(check, argument, f"the tangent of output {j} has shape {jv[j].shape} and "
+                                      f"dtype {jv[j].dtype}, but the output has {o.shape} {o.dtype} (check what "
+                                      "the abstract declares when called with the tangents)")
+                    self.finite(check, argument, "tangent of output", [(j, jv[j]) for j in self.inexact_outputs])
+                values = [self.attempt(check, argument, lambda p=p: f(p)) for p in points]
+                evaluated[e] = (jv, values)
+            return evaluated[e]
+
+        def measure(j, e):
+            """(error, tolerance, magnitude, e) of output j at step e; error inf where f is not finite."""
+            jv, values = at(e)
+            fd = sum(w * _wide(val[j]) for w, val in zip(FD_WEIGHTS, values)) / e
+            jn = _norm(jv[j])
+            if not np.all(np.isfinite(fd)):
+                return math.inf, 0.0, jn, e
+            rounding = sum(abs(w) * _norm(val[j]) for w, val in zip(FD_WEIGHTS, values)) / e
+            tolerance = g * self.eps(self.outs[j].dtype) * (rounding + jn) + (self.fd_rtol or 0.0) * jn
+            return _norm(fd - _wide(jv[j])), tolerance, max(_norm(fd), jn), e
+
+        def meaningful(r):
+            return r[0] == 0 or r[1] < MEANINGFUL * r[2]
+
+        def ratio(r):
+            return r[0] / r[1] if r[1] else (0.0 if r[0] == 0 else math.inf)
+
+        label = (lambda j: f"{argument}, output {j}") if len(self.inexact_outputs) > 1 else (lambda j: argument)
         worst = None
         for j in self.inexact_outputs:
-            error, tolerance, magnitude, e = best[j]
-            label = f"{argument}, output {j}" if len(self.inexact_outputs) > 1 else argument
-            if error == 0:
-                entry = (0.0, tolerance / magnitude if magnitude else 0.0)
-            elif not tolerance < MEANINGFUL * magnitude:
-                self.summary.skip(
-                    f"{check} for {label}: {self.outs[j].dtype} outputs are too coarse for finite differences in "
-                    f"{dtype} (the rounding tolerance, {tolerance / magnitude:.2g} relative at a step of {e:.2g} "
-                    "times each element's magnitude, would let a 100 % error pass); the vjp is still checked "
-                    "against the jvp")
+            r = measure(j, first)
+            tried = [r]
+            if meaningful(r) and r[0] > r[1]:
+                for fraction in FD_LADDER[1:]:  # truncation or a kink: smaller steps
+                    s_ = measure(j, first * fraction)
+                    if not meaningful(s_):
+                        break
+                    tried.append(s_)
+                    if s_[0] <= s_[1]:
+                        r = s_
+                        break
+            elif not meaningful(r) and r[0] <= r[1]:
+                e = first
+                while e < FD_MAX_STEP:  # rounding hides the derivative: larger steps
+                    e = min(FD_MAX_STEP, 10 * e)
+                    s_ = measure(j, e)
+                    if meaningful(s_):
+                        r = s_  # agreeing or not: the closest a meaningful check comes
+                        break
+            if r[0] > r[1] and r[3] <= first:
+                miss = min(tried, key=ratio)
+                rtol = f"fd_rtol={self.fd_rtol:g}" if self.fd_rtol is not None else "no fd_rtol"
+                steps = ", ".join(f"{t[3]:.2g}" for t in tried)
+                detail = (f"the jvp disagrees with finite differences of f at every step tried ({steps} times "
+                          "each element's magnitude)")
+                if miss[0] == math.inf:
+                    detail = (f"finite differences of f are not finite at a step of {miss[3]:.2g} times each "
+                              "element's magnitude (f leaves its domain, or is not finite near the arguments)")
+                self.fail(check, label(j), detail, ratio_or(miss[0], miss[2]), ratio_or(miss[1], miss[2]),
+                          hint=f"The tolerance is rounding only ({rtol}). If f is computed to an accuracy of its "
+                          "own (an iterative or adaptive solver, an interpolation table), pass fd_rtol= its "
+                          "relative accuracy: the jvp may then differ from finite differences by that much more, "
+                          "and a jvp wrong by more is still caught.")
+            if r[0] > r[1] or not meaningful(r):
+                why = (f"the rounding tolerance, {ratio_or(r[1], r[2]):.2g} relative at a step of {r[3]:.2g} times "
+                       "each element's magnitude, would let a 100 % error pass" if not meaningful(r) else
+                       f"at the step of {r[3]:.2g} times each element's magnitude where rounding allows a "
+                       f"meaningful check, the disagreement ({ratio_or(r[0], r[2]):.2g} relative) may be "
+                       "truncation")
+                self.summary.skip(f"{check} for {label(j)}: {self.outs[j].dtype} outputs of {dtype} arguments are "
+                                  f"too coarse for finite differences ({why}); the vjp is still checked against "
+                                  "the jvp")
                 continue
-            else:
-                entry = (error / magnitude, tolerance / magnitude)
-            if worst is None or (entry[1] and entry[0] / entry[1] > (worst[0] / worst[1] if worst[1] else 0)):
+            entry = (ratio_or(r[0], r[2]), ratio_or(r[1], r[2]))
+            if worst is None or ratio(entry) > ratio(worst):
                 worst = entry
         if worst is not None:
             self.summary.add(check, argument, *worst)
@@ -658,7 +683,7 @@ class _Checker:
         x0 = self.args[i]
         f = self.f_of_one(i)
         complex_data = True  # complex data wherever a dtype is complex
-        t = jnp.asarray(self.tangent(x0).astype(x0.dtype))
+        t = self.random(x0.shape, x0.dtype)
         _, jv = self.attempt(check, argument, lambda: jax.jvp(f, (x0,), (t,)))
         _, pullback = self.attempt(check, argument, lambda: jax.vjp(f, x0))
         n = max([_size(x0)] + [_size(o) for o in self.outs] + [1])
@@ -859,7 +884,7 @@ class _Checker:
             tangents = jax.jvp(self.restrict(args, diff), tuple(args[i] for i in diff), tuple(ts))[1]
             return [tangents[j] for j in outs]
 
-        tangents = lambda k: [jnp.asarray(self.tangent(self.args[i]).astype(self.args[i].dtype)) for i in diff]  # noqa: E731
+        tangents = lambda k: [self.random(self.args[i].shape, self.args[i].dtype) for i in diff]  # noqa: E731
         items = self.grid([BATCH], tangents)
         all_ones = [ones[i] for i in range(n)] + [ones[i] for i in diff]
         tasks = [
