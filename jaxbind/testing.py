@@ -1,11 +1,23 @@
 """The op checker: ``check_op`` tests an op's abstracts, derivatives and batching on given arguments.
 
-Every comparison has a tolerance from a rounding model (see ``_Checker.bound``):
-an array computed in a dtype of machine epsilon ``eps`` is assumed accurate to
-``G(n) * eps`` relative to its own norm, where ``G(n) = 4 (1 + log2 n)`` grows
-with the size ``n`` of the arrays involved. A check whose tolerance would let a
-100 % error pass (the precision is too low for it) is reported as skipped, with
-the reason, never as passed.
+The tolerances come from a rounding model, not from constants:
+
+- every array the op computes in a dtype is taken to be accurate to
+  ``G(n) * eps`` relative to its own 2-norm, with ``eps`` the largest of that
+  dtype's machine epsilon, the coarsest epsilon among the op's inexact
+  arguments, and FLOOR (64 float64 epsilons: library routines are accurate to
+  some ulps, not one); ``G(n) = 4 (1 + log2 n)`` for the largest size ``n``
+  involved; integer and bool arrays are exact;
+- a pairing ``<a, b>`` then has the tolerance ``G eps |a| |b|`` per computed
+  factor, a finite difference of step ``e`` that of ``f`` at its points (its
+  norm) magnified by ``1.5 / e``, plus the jvp's own;
+- norms and pairings are scaled by the largest element (no overflow or
+  underflow), and each test is reported relative to the magnitude of what it
+  compares, so that a 100 % error reads 1.
+
+A comparison whose tolerance is not below MEANINGFUL (0.5) of that magnitude
+could not tell a 100 % error from rounding: unless it fails, it is reported in
+``OpCheck.skipped`` with the reason, never as passed.
 """
 
 from __future__ import annotations
@@ -13,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 import jax
 import jax.numpy as jnp
@@ -187,9 +199,28 @@ def _size(x) -> int:
     return int(np.prod(np.shape(x), dtype=np.int64))
 
 
-def ratio_or(value: float, magnitude: float) -> float:
+def _relative(value: float, magnitude: float) -> float:
     """``value`` relative to ``magnitude`` (``value`` itself where the magnitude is zero)."""
     return value / magnitude if magnitude else value
+
+
+class _Worst:
+    """The (error, tolerance) pair closest to failing among those offered: one summary entry per group."""
+
+    def __init__(self):
+        self.entry = None
+
+    @staticmethod
+    def ratio(entry) -> float:
+        return entry[0] / entry[1] if entry[1] else (0.0 if entry[0] == 0 else math.inf)
+
+    def offer(self, error: float, tolerance: float):
+        if self.entry is None or self.ratio((error, tolerance)) > self.ratio(self.entry):
+            self.entry = (error, tolerance)
+
+    def report(self, summary: "OpCheck", check: str, argument: str):
+        if self.entry is not None:
+            summary.add(check, argument, *self.entry)
 
 
 def _nonfinite(x) -> int:
@@ -315,6 +346,22 @@ class _Checker:
         self.summary.add(check, argument, error / magnitude, tolerance / magnitude)
         return True
 
+    def pairing(self, check: str, label: str, what: str, lhs: float, rhs: float, tolerance: float,
+                names: str, detail: str, worst: _Worst):
+        """Judge two pairings that should agree up to ``tolerance`` (absolute): fail, skip or offer to ``worst``."""
+        error, magnitude = abs(lhs - rhs), max(abs(lhs), abs(rhs))
+        left, right = names.split(" == ")
+        if not error <= tolerance:
+            self.fail(check, label, f"with {what}, {left} = {lhs:.6g} but {right} = {rhs:.6g}{detail}",
+                      _relative(error, magnitude) if magnitude else math.inf, _relative(tolerance, magnitude))
+        if error == 0:
+            worst.offer(0.0, _relative(tolerance, magnitude) if magnitude else 0.0)
+        elif not tolerance < MEANINGFUL * magnitude:
+            self.summary.skip(f"{check} for {label} with {what}: the precision is too coarse (the rounding "
+                              f"tolerance, {tolerance / magnitude:.2g} relative, would let a 100 % error pass)")
+        else:
+            worst.offer(error / magnitude, tolerance / magnitude)
+
     # -- the checks -------------------------------------------------------
 
     def run(self) -> OpCheck:
@@ -433,7 +480,7 @@ class _Checker:
             f1, f2, f3 = (self.attempt(check, label, lambda v=v: f(*v)) for v in (xs, xs2, mixed))
             for fs in (f1, f2, f3):
                 self.finite(check, label, "output", enumerate(fs))
-            worst = None
+            worst = _Worst()
             for j in self.inexact_outputs:
                 want = alpha * _wide(f1[j]) + beta * _wide(f2[j])
                 error, magnitude = _norm(_wide(f3[j]) - want), abs(alpha) * _norm(f1[j]) + abs(beta) * _norm(f2[j])
@@ -445,13 +492,11 @@ class _Checker:
                               "a f(x) + b f(x') (an affine map, a term in a product of linear arguments)",
                               error / magnitude if magnitude else math.inf, tolerance / magnitude if magnitude else 0)
                 if magnitude > 0 and error > 0 and not tolerance < MEANINGFUL * magnitude:
-                    self.summary.skip(f"{check} for {label}, output {j}: {f3[j].dtype} is too coarse")
+                    self.summary.skip(f"{check} for {label}, output {j}: {f3[j].dtype} is too coarse (the rounding "
+                                      f"tolerance, {tolerance / magnitude:.2g} relative, would let a 100 % error pass)")
                     continue
-                entry = (error / magnitude, tolerance / magnitude) if magnitude > 0 else (0.0, 0.0)
-                if worst is None or (entry[1] and entry[0] / entry[1] > (worst[0] / worst[1] if worst[1] else 0)):
-                    worst = entry
-            if worst is not None:
-                self.summary.add(check, label, *worst)
+                worst.offer(_relative(error, magnitude), _relative(tolerance, magnitude) if magnitude else 0.0)
+            worst.report(self.summary, check, label)
 
     def dot_test(self, check, label, idx, complex_data):
         """The dot-product test for arguments ``idx``: probes that catch a wrong f or a wrong f_T.
@@ -468,7 +513,6 @@ class _Checker:
         self.finite(check, label, "output", enumerate(fx))
         n = max([_size(a) for a in lin] + [_size(o) for o in self.outs] + [1])
         g = _growth(n)
-        worst = None
 
         def weigh(xs_, cts_, fxs_, ys_):
             """|<f x, y> - <x, f_T y>|, its rounding tolerance and the pairings' magnitude."""
@@ -493,26 +537,11 @@ class _Checker:
         self.finite(check, label, "output", enumerate(fx2))
         probes.append(("random cotangents", xs2, cts, fx2, self.zero_cotangents(ys)))
 
+        worst = _Worst()
         for what, xs_, cts_, fxs_, ys_ in probes:
-            lhs, rhs, tol = weigh(xs_, cts_, fxs_, ys_)
-            magnitude = max(abs(lhs), abs(rhs))
-            error = abs(lhs - rhs)
-            if not error <= tol:
-                self.fail(check, label, f"with {what}, <f x, y> = {lhs:.6g} but <x, f_T y> = {rhs:.6g}: the "
-                          "transpose is not the transpose of f", error / magnitude if magnitude else math.inf,
-                          tol / magnitude if magnitude else tol)
-            if error == 0:
-                entry = (0.0, tol / magnitude if magnitude else 0.0)
-            elif not tol < MEANINGFUL * magnitude:
-                self.summary.skip(f"{check} for {label} with {what}: the precision is too coarse (the rounding "
-                                  f"tolerance, {tol / magnitude:.2g} relative, would let a 100 % error pass)")
-                continue
-            else:
-                entry = (error / magnitude, tol / magnitude)
-            if worst is None or (entry[1] and entry[0] / entry[1] > (worst[0] / worst[1] if worst[1] else 0)):
-                worst = entry
-        if worst is not None:
-            self.summary.add(check, label, *worst)
+            self.pairing(check, label, what, *weigh(xs_, cts_, fxs_, ys_), "<f x, y> == <x, f_T y>",
+                         ": the transpose is not the transpose of f", worst)
+        worst.report(self.summary, check, label)
 
     def check_dot_products(self):
         check = "dot product: <f x, y> == <x, f_T y>"
@@ -625,7 +654,7 @@ class _Checker:
             return r[0] / r[1] if r[1] else (0.0 if r[0] == 0 else math.inf)
 
         label = (lambda j: f"{argument}, output {j}") if len(self.inexact_outputs) > 1 else (lambda j: argument)
-        worst = None
+        worst = _Worst()
         for j in self.inexact_outputs:
             r = measure(j, first)
             tried = [r]
@@ -655,26 +684,23 @@ class _Checker:
                 if miss[0] == math.inf:
                     detail = (f"finite differences of f are not finite at a step of {miss[3]:.2g} times each "
                               "element's magnitude (f leaves its domain, or is not finite near the arguments)")
-                self.fail(check, label(j), detail, ratio_or(miss[0], miss[2]), ratio_or(miss[1], miss[2]),
+                self.fail(check, label(j), detail, _relative(miss[0], miss[2]), _relative(miss[1], miss[2]),
                           hint=f"The tolerance is rounding only ({rtol}). If f is computed to an accuracy of its "
                           "own (an iterative or adaptive solver, an interpolation table), pass fd_rtol= its "
                           "relative accuracy: the jvp may then differ from finite differences by that much more, "
                           "and a jvp wrong by more is still caught.")
             if r[0] > r[1] or not meaningful(r):
-                why = (f"the rounding tolerance, {ratio_or(r[1], r[2]):.2g} relative at a step of {r[3]:.2g} times "
+                why = (f"the rounding tolerance, {_relative(r[1], r[2]):.2g} relative at a step of {r[3]:.2g} times "
                        "each element's magnitude, would let a 100 % error pass" if not meaningful(r) else
                        f"at the step of {r[3]:.2g} times each element's magnitude where rounding allows a "
-                       f"meaningful check, the disagreement ({ratio_or(r[0], r[2]):.2g} relative) may be "
+                       f"meaningful check, the disagreement ({_relative(r[0], r[2]):.2g} relative) may be "
                        "truncation")
                 self.summary.skip(f"{check} for {label(j)}: {self.outs[j].dtype} outputs of {dtype} arguments are "
                                   f"too coarse for finite differences ({why}); the vjp is still checked against "
                                   "the jvp")
                 continue
-            entry = (ratio_or(r[0], r[2]), ratio_or(r[1], r[2]))
-            if worst is None or ratio(entry) > ratio(worst):
-                worst = entry
-        if worst is not None:
-            self.summary.add(check, argument, *worst)
+            worst.offer(_relative(r[0], r[2]), _relative(r[1], r[2]))
+        worst.report(self.summary, check, argument)
 
     def check_vjp(self, i):
         """``<vjp(c), t> == <c, jvp(t)>``: probes that catch a wrong vjp and a wrong jvp (as the dot test)."""
@@ -702,28 +728,14 @@ class _Checker:
         _, jv2 = self.attempt(check, argument, lambda: jax.jvp(f, (x0,), (t2,)))
         self.finite(check, argument, "tangent of output", [(j, jv2[j]) for j in self.inexact_outputs])
         probes.append(("random cotangents", t2, ct, cs, jv2))
-        worst = None
+        worst = _Worst()
         for what, t_, ct_, cs_, jv_ in probes:
             lhs = _pair(ct_, t_)
             rhs = sum(_pair(c, jv_[j]) for j, c in cs_.items())
             tol = g * (self.eps(x0.dtype) * _norm(ct_) * _norm(t_)
                        + sum(self.eps(jv_[j].dtype) * _norm(c) * _norm(jv_[j]) for j, c in cs_.items()))
-            error, magnitude = abs(lhs - rhs), max(abs(lhs), abs(rhs))
-            if not error <= tol:
-                self.fail(check, argument, f"with {what}, <vjp(c), t> = {lhs:.6g} but <c, jvp(t)> = {rhs:.6g}",
-                          error / magnitude if magnitude else math.inf, tol / magnitude if magnitude else tol)
-            if error == 0:
-                entry = (0.0, tol / magnitude if magnitude else 0.0)
-            elif not tol < MEANINGFUL * magnitude:
-                self.summary.skip(f"{check} for {argument} with {what}: the precision is too coarse (the "
-                                  f"rounding tolerance, {tol / magnitude:.2g} relative, would let a 100 % error pass)")
-                continue
-            else:
-                entry = (error / magnitude, tol / magnitude)
-            if worst is None or (entry[1] and entry[0] / entry[1] > (worst[0] / worst[1] if worst[1] else 0)):
-                worst = entry
-        if worst is not None:
-            self.summary.add(check, argument, *worst)
+            self.pairing(check, argument, what, lhs, rhs, tol, "<vjp(c), t> == <c, jvp(t)>", "", worst)
+        worst.report(self.summary, check, argument)
 
     # -- batching -----------------------------------------------------------
 
