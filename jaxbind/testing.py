@@ -49,6 +49,7 @@ FD_POINTS = (-2, -1, 1, 2)
 FD_WEIGHTS = (1 / 12, -8 / 12, 8 / 12, -1 / 12)
 FD_LADDER = (1.0, 0.1, 0.01)  # the steps tried, as fractions of the first
 FD_MAX_STEP = 0.2  # of each element's magnitude: a step never crosses zero
+COMBINED = 1 << 20  # batched checks of at most this many elements in all are compiled as one program
 
 
 @dataclasses.dataclass
@@ -165,29 +166,34 @@ def _eps(dtype) -> float:
 def _wide(x) -> np.ndarray:
     """``x`` as a float64 or complex128 NumPy array (exact for every narrower dtype)."""
     x = np.asarray(x)
-    return x.astype(np.complex128 if x.dtype.kind == "c" else np.float64)
+    return x.astype(np.complex128 if x.dtype.kind == "c" else np.float64, copy=False)
 
 
 def _norm(x) -> float:
     """The 2-norm of ``x``, scaled so that it neither overflows nor underflows."""
-    x = np.abs(_wide(x))
+    x = _wide(x).ravel()
     if x.size == 0:
         return 0.0
-    m = float(np.max(x))
+    m = float(np.max(np.abs(x)))
     if m == 0 or not math.isfinite(m):
         return m
-    return m * float(np.sqrt(np.sum((x / m) ** 2)))
+    if 1e-140 < m < 1e140:  # the squares cannot overflow or underflow
+        return float(np.sqrt(np.real(np.vdot(x, x))))
+    x = x / m
+    return m * float(np.sqrt(np.real(np.vdot(x, x))))
 
 
 def _pair(a, b) -> float:
     """``Re sum(a * b)``: the bilinear pairing of JAX's transpose convention (no conjugation), scaled."""
-    a, b = _wide(a), _wide(b)
+    a, b = _wide(a).ravel(), _wide(b).ravel()
     if a.size == 0:
         return 0.0
     ma, mb = float(np.max(np.abs(a))), float(np.max(np.abs(b)))
     if ma == 0 or mb == 0:
         return 0.0
-    return ma * mb * float(np.real(np.sum((a / ma) * (b / mb))))
+    if 1e-140 < ma < 1e140 and 1e-140 < mb < 1e140:  # the products cannot overflow or underflow
+        return float(np.real(np.dot(a, b)))
+    return ma * mb * float(np.real(np.dot(a / ma, b / mb)))
 
 
 def _growth(n: int) -> float:
@@ -239,6 +245,7 @@ class _Checker:
         self.n_fixed = d.first_n_args_fixed
         self.summary = OpCheck(d.name, d.kind)
         self.rng = np.random.default_rng(0)
+        self.elements = {}  # batch element k -> its arguments
         # The precision every computed array is held to: its own dtype's, or
         # the least precise of the op's inexact arguments if that is coarser
         # (a callback may compute in the precision of its inputs).
@@ -745,6 +752,8 @@ class _Checker:
         Fixed arguments are parameters whose structure an op may rely on (a
         monotonic time grid, a sign pattern): they are scaled as a whole.
         """
+        if k in self.elements:
+            return list(self.elements[k])
         rng = np.random.default_rng(100 + k)
         out = []
         for i, a in enumerate(self.args):
@@ -752,7 +761,8 @@ class _Checker:
                 noise = 0.4 * k if i < self.n_fixed else rng.standard_normal(a.shape)
                 a = a * jnp.asarray(1 + 0.05 * noise).astype(a.dtype)
             out.append(a)
-        return out
+        self.elements[k] = out
+        return list(out)
 
     def batched(self, check, label, fn, items, axes, dtypes, detail):
         """A task: ``fn`` vmapped over the levels of ``axes`` (outer first) against a loop over ``items``.
@@ -790,29 +800,37 @@ class _Checker:
             rows = [loop(l + 1, ks + (k,)) for k in range(sizes[l])]
             return [jnp.stack([r[m] for r in rows]) for m in range(len(rows[0]))]
 
-        return dict(check=check, label=label, mapped=mapped, inputs=[build(i, 0, []) for i in range(n)],
+        return dict(check=check, label=label, mapped=mapped, inputs=lambda: [build(i, 0, []) for i in range(n)],
                     loop=loop, dtypes=dtypes, detail=detail)
 
     def run_batched(self, tasks):
         """Run the tasks' vmapped functions, compiled together (one program), and compare each with its loop.
 
         If the program fails, each task runs on its own, so that the failure
-        names the one that raised.
+        names the one that raised. Large arguments run task by task, so that
+        the results of one are freed before the next runs.
         """
-        try:
-            results = jax.jit(lambda inputs: [t["mapped"](*i) for t, i in zip(tasks, inputs)])(
-                [t["inputs"] for t in tasks])
-            jax.block_until_ready(results)
-        except Exception:
-            results = None
+        results = None
+        size = sum(_size(a) * (2 if t["check"] == "vmap of vmap against a loop" else 1)
+                   for t in tasks for a in self.args)
+        if size * BATCH <= COMBINED:
+            try:
+                results = jax.jit(lambda inputs: [t["mapped"](*i) for t, i in zip(tasks, inputs)])(
+                    [t["inputs"]() for t in tasks])
+                jax.block_until_ready(results)
+            except Exception:
+                results = None
         for k, t in enumerate(tasks):
             check, label = t["check"], t["label"]
             got = results[k] if results is not None else self.attempt(
-                check, label, lambda: jax.jit(t["mapped"])(*t["inputs"]))
+                check, label, lambda: jax.jit(t["mapped"])(*t["inputs"]()))
             want = self.attempt(check, label + " (the loop)", t["loop"])
             if len(got) != len(want):
                 self.fail(check, label, f"{t['detail']}: {len(got)} results, the loop gives {len(want)}")
             self.compare_all(check, label, got, want, t["dtypes"], t["detail"])
+            del got, want
+            if results is not None:
+                results[k] = None
 
     def grid(self, sizes, extra=None):
         """Nested lists of element argument lists (plus ``extra(k)`` appended), element k = flat index."""
@@ -917,8 +935,9 @@ class _Checker:
 
         task = self.batched(check, f"jvp of vmap, in_axes {tuple(in_axes)}", jvp, items,
                             [in_axes + [0] * len(diff)], dtypes, detail)
-        inputs = [jnp.stack([items[k][i] for k in range(BATCH)]) if in_axes[i] == 0 else items[0][i]
-                  for i in range(n)] + [jnp.stack([items[k][n + m] for k in range(BATCH)]) for m in range(len(diff))]
+        inputs = lambda: [jnp.stack([items[k][i] for k in range(BATCH)]) if in_axes[i] == 0 else items[0][i]  # noqa: E731
+                          for i in range(n)] + [jnp.stack([items[k][n + m] for k in range(BATCH)])
+                                                for m in range(len(diff))]
         task.update(mapped=jvp_of_vmap, inputs=inputs)  # the loop stays the jvp element by element
         tasks.append(task)
         return tasks
