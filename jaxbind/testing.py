@@ -684,7 +684,8 @@ class _Checker:
                         break
             if r[0] > r[1] and r[3] <= first:
                 miss = min(tried, key=ratio)
-                rtol = f"fd_rtol={self.fd_rtol:g}" if self.fd_rtol is not None else "no fd_rtol"
+                rtol = (f"plus fd_rtol={self.fd_rtol:g} of the jvp" if self.fd_rtol is not None
+                        else "no fd_rtol given")
                 steps = ", ".join(f"{t[3]:.2g}" for t in tried)
                 detail = (f"the jvp disagrees with finite differences of f at every step tried ({steps} times "
                           "each element's magnitude)")
@@ -692,7 +693,7 @@ class _Checker:
                     detail = (f"finite differences of f are not finite at a step of {miss[3]:.2g} times each "
                               "element's magnitude (f leaves its domain, or is not finite near the arguments)")
                 self.fail(check, label(j), detail, _relative(miss[0], miss[2]), _relative(miss[1], miss[2]),
-                          hint=f"The tolerance is rounding only ({rtol}). If f is computed to an accuracy of its "
+                          hint=f"The tolerance is the rounding model's ({rtol}). If f is computed to an accuracy of its "
                           "own (an iterative or adaptive solver, an interpolation table), pass fd_rtol= its "
                           "relative accuracy: the jvp may then differ from finite differences by that much more, "
                           "and a jvp wrong by more is still caught.")
