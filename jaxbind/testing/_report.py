@@ -1,0 +1,44 @@
+"""What ``check_op`` reports: the summary of the checks that passed and were skipped, and its failure type."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List
+
+__all__ = ["OpCheck"]
+
+
+@dataclasses.dataclass
+class OpCheck:
+    """What ``check_op`` checked: one entry per check, with its measured error and tolerance.
+
+    ``checks`` holds the checks that passed; ``skipped`` says, for each check
+    that was not run or could not be meaningful, why.
+    """
+
+    op: str
+    kind: str
+    checks: List[dict] = dataclasses.field(default_factory=list)
+    skipped: List[str] = dataclasses.field(default_factory=list)
+
+    def add(self, check: str, argument: str, error: float, tolerance: float):
+        self.checks.append(dict(check=check, argument=argument, error=float(error), tolerance=float(tolerance)))
+
+    def skip(self, text: str):
+        if text not in self.skipped:
+            self.skipped.append(text)
+
+    def __str__(self):
+        lines = [f"check_op: jaxbind {self.kind} op '{self.op}': {len(self.checks)} checks passed"
+                 + (f", {len(self.skipped)} skipped" if self.skipped else "")]
+        lines += [f"  {c['check']:<44} {c['argument']:<40} error {c['error']:.1e} <= {c['tolerance']:.1e}"
+                  for c in self.checks]
+        lines += [f"  skipped: {s}" for s in self.skipped]
+        return "\n".join(lines)
+
+    __module__ = "jaxbind.testing"
+
+
+class Failure(AssertionError):
+    """A failed check (an AssertionError naming the op, the check and the argument)."""
+
