@@ -88,7 +88,7 @@ def _check_flags(name: str, first_n_args_fixed, func_can_batch, vmap_method):
 
 
 # How a vmapped op hands its batch to the callbacks; the values and meaning of
-# jax.pure_callback's vmap_method (see _primitive's batching rule).
+# jax.pure_callback's vmap_method (see _batching).
 VMAP_METHODS = ("sequential", "expand_dims", "broadcast_all")
 
 

@@ -43,7 +43,6 @@ def _linear_shapes(args, start: int, stop: int):
 class Unbatched:
     """No batch: arrays reach the callback as they are (zero levels of either kind)."""
 
-    param = None
     sizes = ()
     callback_batch_axes = None
 
@@ -96,10 +95,6 @@ class WalkBatch:
     @property
     def levels(self) -> int:
         return len(self.masks[0]) if self.masks else 0
-
-    @property
-    def param(self):
-        return self
 
     def __repr__(self):
         return "walk" + "".join("(" + "".join("b" if m else "_" for m in mask) + ")" for mask in self.masks)
@@ -196,10 +191,6 @@ class NativeBatch:
     in_axes: Tuple[Tuple[int, ...], ...]
     out_axes: Tuple[Tuple[int, ...], ...]
     sizes: Tuple[int, ...]
-
-    @property
-    def param(self):
-        return self
 
     @property
     def callback_batch_axes(self):

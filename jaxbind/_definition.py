@@ -22,7 +22,9 @@ computed. Only the inexact (float, complex) outputs of any op have tangents and
 cotangents: the derivative family's output slot holds those alone.
 
 A :class:`Role` names one callback of one family, with the slot sizes it is
-bound with; it is the static parameter the jaxbind primitive carries.
+bound with; it is the static parameter the jaxbind primitive carries. What an
+op is (:class:`OpKind`) and what a callback computes (:class:`CallbackKind`)
+are enums; the rules decide by them, never by the text of a label.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class _TextEnum(str, enum.Enum):
 
     def __format__(self, spec):
         return format(self.value, spec)
+
+    def __repr__(self):  # shown where the string was, e.g. in check_op's OpCheck(kind=...)
+        return repr(self.value)
 
 
 class OpKind(_TextEnum):
@@ -85,7 +90,11 @@ def _name_of(fn) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """Callbacks and abstracts by slot; ``linear`` says whether slots are linear."""
+    """Callbacks and abstracts by slot; ``linear`` says whether slots are linear.
+
+    ``kinds`` say what each callback computes, which is what the rules go by;
+    ``labels`` only name it in messages (``"transpose 1 callback"``).
+    """
 
     callbacks: Tuple[Callable, ...]
     abstracts: Tuple[Callable, ...]
@@ -108,7 +117,7 @@ class OpDef:
     families: Tuple[Family, ...]
     first_n_args_fixed: int
     func_can_batch: bool
-    vmap_method: str = "sequential"  # how vmap hands a batch to the callbacks (see _primitive)
+    vmap_method: str = "sequential"  # how vmap hands a batch to the callbacks (see _batch_types)
     n_residuals: int = 0  # arrays f writes after its outputs, for the derivatives only
 
     def __post_init__(self):  # parameters are hashed often while tracing: once is enough

@@ -11,7 +11,7 @@ import functools
 
 from ._abstract import jaxbind_abstract_eval
 from ._autodiff import jaxbind_jvp, jaxbind_transpose
-from ._batch_types import Batch, NativeBatch, WalkBatch  # noqa: F401  (the batch parameter's types)
+from ._batch_types import NativeBatch, WalkBatch  # noqa: F401  (the batch parameter's types)
 from ._batching import jaxbind_batch
 from ._bind import bind, jaxbind_p
 from ._jax_compat import ad, apply_primitive, batching, mlir
