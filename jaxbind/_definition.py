@@ -70,9 +70,10 @@ class CallbackKind(enum.Enum):
     VJP = "vjp"  # f_vjp of a nonlinear op
 
 
-# The derivative family of a nonlinear op, slots [dx, dy]: f_vjp computes dx,
-# f_jvp computes dy.
-DERIVATIVE_FAMILY = 1
+# Family 0 holds the op's own function f (computing the family's last slot);
+# a nonlinear op's derivative family, slots [dx, dy], has f_vjp computing dx
+# and f_jvp computing dy.
+FORWARD_FAMILY, DERIVATIVE_FAMILY = 0, 1
 TANGENT_IN_SLOT, TANGENT_OUT_SLOT = 0, 1
 
 
@@ -186,6 +187,18 @@ class Role:
 
     def __hash__(self):
         return self._hash
+
+    @classmethod
+    def forward(cls, op: OpDef, n_args: int) -> "Role":
+        """The op's own function ``f`` called with ``n_args`` arrays (a count the op checked)."""
+        n_fixed = op.first_n_args_fixed
+        if op.kind is OpKind.LINEAR:
+            in_sizes = (n_args - n_fixed,)
+        elif op.kind is OpKind.MULTILINEAR:
+            in_sizes = (1,) * op.n_linear_args
+        else:
+            in_sizes = ()
+        return cls(op, FORWARD_FAMILY, slot=len(in_sizes), n_fixed=n_fixed, in_sizes=in_sizes)
 
     @classmethod
     def jvp(cls, op: OpDef, n_primals: int) -> "Role":

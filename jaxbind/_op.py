@@ -83,14 +83,7 @@ class Op:
                 f"jaxbind op '{d.name}' has first_n_args_fixed={d.first_n_args_fixed}, "
                 f"but was called with only {n} argument(s)."
             )
-        if d.kind is OpKind.LINEAR:
-            role = Role(d, 0, slot=1, n_fixed=d.first_n_args_fixed, in_sizes=(n - d.first_n_args_fixed,))
-        elif d.kind is OpKind.MULTILINEAR:
-            role = Role(d, 0, slot=d.n_linear_args, n_fixed=d.first_n_args_fixed,
-                        in_sizes=(1,) * d.n_linear_args)
-        else:
-            role = Role(d, 0, slot=0, n_fixed=d.first_n_args_fixed, in_sizes=())
-        self._entries[n] = role
+        role = self._entries[n] = Role.forward(d, n)
         return role
 
     def _kwargs(self, values: dict) -> Kwargs:
