@@ -1,136 +1,17 @@
-"""The public constructors: ``get_linear_call`` and ``get_nonlinear_call``."""
+"""The public constructors ``get_linear_call`` and ``get_nonlinear_call``: argument checks, building the definition."""
 
 from __future__ import annotations
 
-import functools
 import numbers
 from typing import Callable, Optional, Sequence, Tuple, Union
 
-import jax
 import numpy as np
 
-from ._definition import FORWARD, Family, OpDef, Role, _name_of
-from ._kwargs import Kwargs
-from ._native import as_kernel, kernel_kwargs
-from ._primitive import bind
+from ._definition import CallbackKind, Family, OpDef, OpKind, _name_of
+from ._native import as_kernel
+from ._op import _NO_KWARGS, Op  # noqa: F401  (Op is imported from here; tests use _NO_KWARGS)
 
 __all__ = ["Op", "get_linear_call", "get_nonlinear_call"]
-
-
-class Op:
-    """A callable JAX operation made from user callbacks.
-
-    ``op(*arrays, **kwargs)`` returns the list of outputs. Keyword arguments are
-    static: they reach ``abstract`` as keyword arguments and the callbacks
-    serialized in ``kwargs_dump``. Ops built from the same functions and flags
-    compare and hash equal.
-    """
-
-    # __dict__: code written for JAXbind sets attributes on ops (op.__doc__ = ...);
-    # they play no part in equality or hashing.
-    __slots__ = ("definition", "_entries", "__dict__", "__weakref__")
-
-    def __init__(self, definition: OpDef):
-        self.definition = definition
-        self._entries = {}  # number of arguments -> the role the op then plays
-
-    @property
-    def name(self) -> str:
-        return self.definition.name
-
-    def __call__(self, *args, **kwargs):
-        role = self._entries.get(len(args)) or self._entry(len(args))
-        for i, a in enumerate(args):
-            if not isinstance(a, _ARRAY_TYPES):
-                raise TypeError(
-                    f"jaxbind op '{self.name}': argument {i} is a {type(a).__name__}; op arguments "
-                    "must be arrays (jax or NumPy) or scalars. Pass static values as keyword "
-                    "arguments instead."
-                )
-        kwargs = self._kwargs(kwargs) if kwargs else _NO_KWARGS
-        if any(isinstance(a, jax.core.Tracer) for a in args):
-            return _bind_arrays(*args, role=role, kwargs=kwargs)
-        # Called on concrete arrays: run a cached compiled call, as jax.jit
-        # would, instead of dispatching the primitive anew each time.
-        call = _COMPILED.get((role, kwargs))
-        if call is None:  # equal ops share it
-            call = _COMPILED[role, kwargs] = jax.jit(functools.partial(_bind_arrays, role=role, kwargs=kwargs))
-        try:
-            return call(*args)
-        except ValueError as err:
-            # JAX's C++ fast path for a jitted call that already ran raises every
-            # runtime error as ValueError (jax-ml/jax#34083); an eager call
-            # raises what the first call raises, JaxRuntimeError.
-            if not str(err).startswith(_RUNTIME_ERROR_PREFIXES):
-                raise
-            raise jax.errors.JaxRuntimeError(str(err)).with_traceback(err.__traceback__) from None
-
-    def _entry(self, n: int):
-        """Check the number of arguments once; the role the op plays when called with n."""
-        d = self.definition
-        if d.kind == "multilinear" and n != d.first_n_args_fixed + d.n_linear_args:
-            raise TypeError(
-                f"jaxbind op '{d.name}' takes {d.first_n_args_fixed} fixed and "
-                f"{d.n_linear_args} multilinear array arguments (one per transpose given), "
-                f"but was called with {n}."
-            )
-        if d.kind != "nonlinear" and n <= d.first_n_args_fixed:
-            raise TypeError(
-                f"jaxbind op '{d.name}' has first_n_args_fixed={d.first_n_args_fixed} and needs at "
-                f"least one linear argument after them, but was called with {n} argument(s)."
-            )
-        if n < d.first_n_args_fixed:
-            raise TypeError(
-                f"jaxbind op '{d.name}' has first_n_args_fixed={d.first_n_args_fixed}, "
-                f"but was called with only {n} argument(s)."
-            )
-        if d.kind == "linear":
-            role = Role(d, 0, slot=1, n_fixed=d.first_n_args_fixed, in_sizes=(n - d.first_n_args_fixed,))
-        elif d.kind == "multilinear":
-            role = Role(d, 0, slot=d.n_linear_args, n_fixed=d.first_n_args_fixed,
-                        in_sizes=(1,) * d.n_linear_args)
-        else:
-            role = Role(d, 0, slot=0, n_fixed=d.first_n_args_fixed, in_sizes=())
-        self._entries[n] = role
-        return role
-
-    def _kwargs(self, values: dict) -> Kwargs:
-        d = self.definition
-        if d.func_can_batch and "batch_axes" in values:
-            raise TypeError(
-                f"jaxbind op '{d.name}': 'batch_axes' is reserved for ops with func_can_batch=True; "
-                "jaxbind passes it to the callbacks itself."
-            )
-        kwargs = Kwargs(values, d.name)
-        if d.has_native:
-            kernel_kwargs(values, f"op '{d.name}'")  # refuses what a kernel cannot take
-        return kwargs
-
-    def __eq__(self, other):
-        return isinstance(other, Op) and self.definition == other.definition
-
-    def __hash__(self):
-        return hash(self.definition)
-
-    def __repr__(self):
-        return f"<jaxbind {self.definition.kind} op '{self.name}'>"
-
-
-_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, numbers.Number)
-# How the errors of jaxbind's handler begin (an XLA status code, then jaxbind's text).
-_RUNTIME_ERROR_PREFIXES = ("INTERNAL: jaxbind", "INVALID_ARGUMENT: jaxbind")
-_NO_KWARGS = Kwargs({}, "")
-_COMPILED = {}  # (role, kwargs) -> the jitted call that concrete arguments run
-
-
-def _bind_arrays(*args, role: Role, kwargs: Kwargs):
-    # The scope puts the op's name into the compiled program's op metadata
-    # (op_name "jit(f)/<name>/jaxbind"), which is what profilers and XLA dumps
-    # show; JAX carries it through jvp, transpose and vmap.
-    with jax.named_scope(role.op.name):
-        outs = bind(args, role, kwargs)
-    k = role.op.n_residuals  # f's last outputs are for its derivatives only
-    return outs[:len(outs) - k] if k else outs
 
 
 def _callback(value, what: str, name: str):
@@ -207,7 +88,7 @@ def _check_flags(name: str, first_n_args_fixed, func_can_batch, vmap_method):
 
 
 # How a vmapped op hands its batch to the callbacks; the values and meaning of
-# jax.pure_callback's vmap_method (see _primitive's batching rule).
+# jax.pure_callback's vmap_method (see _batching).
 VMAP_METHODS = ("sequential", "expand_dims", "broadcast_all")
 
 
@@ -280,10 +161,11 @@ def get_linear_call(
         family = Family(
             callbacks=tuple(f_T) + (f,),
             abstracts=tuple(abstract_T) + (abstract,),
-            labels=tuple(f"transpose {i} callback" for i in range(len(f_T))) + (FORWARD,),
+            kinds=(CallbackKind.TRANSPOSE,) * len(f_T) + (CallbackKind.FORWARD,),
+            labels=tuple(f"transpose {i} callback" for i in range(len(f_T))) + ("forward",),
             linear=True,
         )
-        kind = "multilinear"
+        kind = OpKind.MULTILINEAR
     else:
         if isinstance(abstract_T, (tuple, list)):
             raise ValueError(
@@ -294,9 +176,10 @@ def get_linear_call(
         _check_callable(abstract_T, "abstract_T", name)
         family = Family(
             callbacks=(f_T, f), abstracts=(abstract_T, abstract),
-            labels=("transpose callback", FORWARD), linear=True,
+            kinds=(CallbackKind.TRANSPOSE, CallbackKind.FORWARD),
+            labels=("transpose callback", "forward"), linear=True,
         )
-        kind = "linear"
+        kind = OpKind.LINEAR
     return Op(OpDef(kind, name, (family,), first_n_args_fixed, func_can_batch, vmap_method))
 
 
@@ -359,14 +242,15 @@ def get_nonlinear_call(
     if n_residuals < 0:
         raise ValueError(f"jaxbind op '{name}': n_residuals must be a non-negative integer, got {n_residuals!r}.")
     n_residuals = int(n_residuals)
-    forward = Family(callbacks=(f,), abstracts=(abstract,), labels=(FORWARD,), linear=False)
+    forward = Family(callbacks=(f,), abstracts=(abstract,), kinds=(CallbackKind.FORWARD,), labels=("forward",),
+                     linear=False)
     if f_derivative is None:
         if abstract_reverse is not None:
             raise TypeError(
                 f"jaxbind op '{name}': f_derivative is None (an op without derivatives) but "
                 "abstract_reverse is given; pass None for both, or give f_derivative=(f_jvp, f_vjp)."
             )
-        return Op(OpDef("nonlinear", name, (forward,), first_n_args_fixed, func_can_batch, vmap_method,
+        return Op(OpDef(OpKind.NONLINEAR, name, (forward,), first_n_args_fixed, func_can_batch, vmap_method,
                         n_residuals))
     if not isinstance(f_derivative, (tuple, list)) or len(f_derivative) != 2:
         raise TypeError(
@@ -390,7 +274,7 @@ def get_nonlinear_call(
     f_vjp = _callback(f_derivative[1], "f_vjp (f_derivative[1])", name)
     derivative = Family(
         callbacks=(f_vjp, f_jvp), abstracts=(abstract_reverse, abstract),
-        labels=("vjp callback", "jvp callback"), linear=True,
+        kinds=(CallbackKind.VJP, CallbackKind.JVP), labels=("vjp callback", "jvp callback"), linear=True,
     )
-    return Op(OpDef("nonlinear", name, (forward, derivative), first_n_args_fixed, func_can_batch,
+    return Op(OpDef(OpKind.NONLINEAR, name, (forward, derivative), first_n_args_fixed, func_can_batch,
                     vmap_method, n_residuals))

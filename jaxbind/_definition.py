@@ -22,18 +22,59 @@ computed. Only the inexact (float, complex) outputs of any op have tangents and
 cotangents: the derivative family's output slot holds those alone.
 
 A :class:`Role` names one callback of one family, with the slot sizes it is
-bound with; it is the static parameter the jaxbind primitive carries.
+bound with; it is the static parameter the jaxbind primitive carries. What an
+op is (:class:`OpKind`) and what a callback computes (:class:`CallbackKind`)
+are enums; the rules decide by them, never by the text of a label.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Callable, Optional, Tuple
 
 from ._native import NativeKernel
 
-FORWARD = "forward"
-JVP = "jvp callback"
+
+class _TextEnum(str, enum.Enum):
+    """An enum whose members are their values as text.
+
+    Compared with and formatted as that text: ``definition.kind == "linear"``
+    and ``f"{kind}"`` keep working for code written against strings.
+    """
+
+    def __str__(self):
+        return self.value
+
+    def __format__(self, spec):
+        return format(self.value, spec)
+
+    def __repr__(self):  # shown where the string was, e.g. in check_op's OpCheck(kind=...)
+        return repr(self.value)
+
+
+class OpKind(_TextEnum):
+    """What an op is; decides its entry role and how it is differentiated."""
+
+    LINEAR = "linear"
+    MULTILINEAR = "multilinear"
+    NONLINEAR = "nonlinear"
+
+
+class CallbackKind(enum.Enum):
+    """What one callback of a family computes; the rules decide by this, labels are for messages."""
+
+    FORWARD = "forward"  # the op's own function f
+    TRANSPOSE = "transpose"  # f_T, or one of a multilinear op's f_T[i]
+    JVP = "jvp"  # f_jvp of a nonlinear op
+    VJP = "vjp"  # f_vjp of a nonlinear op
+
+
+# Family 0 holds the op's own function f (computing the family's last slot);
+# a nonlinear op's derivative family, slots [dx, dy], has f_vjp computing dx
+# and f_jvp computing dy.
+FORWARD_FAMILY, DERIVATIVE_FAMILY = 0, 1
+TANGENT_IN_SLOT, TANGENT_OUT_SLOT = 0, 1
 
 
 class JaxbindError(RuntimeError):
@@ -50,11 +91,16 @@ def _name_of(fn) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """Callbacks and abstracts by slot; ``linear`` says whether slots are linear."""
+    """Callbacks and abstracts by slot; ``linear`` says whether slots are linear.
+
+    ``kinds`` say what each callback computes, which is what the rules go by;
+    ``labels`` only name it in messages (``"transpose 1 callback"``).
+    """
 
     callbacks: Tuple[Callable, ...]
     abstracts: Tuple[Callable, ...]
-    labels: Tuple[str, ...]  # what each callback is, for messages
+    kinds: Tuple[CallbackKind, ...]
+    labels: Tuple[str, ...]  # what each callback is, for messages only
     linear: bool
 
 
@@ -67,12 +113,12 @@ class OpDef:
     compiled programs carry it: an op must never run under another's name.
     """
 
-    kind: str  # "linear", "multilinear" or "nonlinear"
+    kind: OpKind
     name: str
     families: Tuple[Family, ...]
     first_n_args_fixed: int
     func_can_batch: bool
-    vmap_method: str = "sequential"  # how vmap hands a batch to the callbacks (see _primitive)
+    vmap_method: str = "sequential"  # how vmap hands a batch to the callbacks (see _batch_types)
     n_residuals: int = 0  # arrays f writes after its outputs, for the derivatives only
 
     def __post_init__(self):  # parameters are hashed often while tracing: once is enough
@@ -99,7 +145,7 @@ class OpDef:
     @property
     def has_derivatives(self) -> bool:
         """False for a nonlinear op made with ``f_derivative=None``."""
-        return self.kind != "nonlinear" or len(self.families) > 1
+        return self.kind is not OpKind.NONLINEAR or len(self.families) > 1
 
     def no_derivatives_error(self, requested: str) -> ValueError:
         """The error for differentiating an op made without derivatives."""
@@ -116,7 +162,7 @@ class OpDef:
     @property
     def n_linear_args(self) -> Optional[int]:
         """The number of multilinear arguments, fixed by the transposes given."""
-        if self.kind == "multilinear":
+        if self.kind is OpKind.MULTILINEAR:
             return len(self.families[0].callbacks) - 1
         return None
 
@@ -142,6 +188,32 @@ class Role:
     def __hash__(self):
         return self._hash
 
+    @classmethod
+    def forward(cls, op: OpDef, n_args: int) -> "Role":
+        """The op's own function ``f`` called with ``n_args`` arrays (a count the op checked)."""
+        n_fixed = op.first_n_args_fixed
+        if op.kind is OpKind.LINEAR:
+            in_sizes = (n_args - n_fixed,)
+        elif op.kind is OpKind.MULTILINEAR:
+            in_sizes = (1,) * op.n_linear_args
+        else:
+            in_sizes = ()
+        return cls(op, FORWARD_FAMILY, slot=len(in_sizes), n_fixed=n_fixed, in_sizes=in_sizes)
+
+    @classmethod
+    def jvp(cls, op: OpDef, n_primals: int) -> "Role":
+        """The jvp callback of nonlinear ``op`` called with ``n_primals`` arrays.
+
+        Its fixed arrays are the primals and the residuals; its one input slot
+        the tangents of the differentiable arguments.
+        """
+        return cls(op, DERIVATIVE_FAMILY, slot=TANGENT_OUT_SLOT, n_fixed=n_primals + op.n_residuals,
+                   in_sizes=(n_primals - op.first_n_args_fixed,))
+
+    @property
+    def callback_kind(self) -> CallbackKind:
+        return self.op.families[self.family].kinds[self.slot]
+
     @property
     def callback(self):
         return self.op.families[self.family].callbacks[self.slot]
@@ -157,20 +229,30 @@ class Role:
     @property
     def label(self) -> str:
         """e.g. ``op 'scale'`` or ``op 'scale' (transpose callback 'scale_T')``."""
-        what = self.op.families[self.family].labels[self.slot]
-        if what == FORWARD:
+        if self.callback_kind is CallbackKind.FORWARD:
             return f"op '{self.op.name}'"
-        return f"op '{self.op.name}' ({what} '{_name_of(self.callback)}')"
+        return f"op '{self.op.name}' ({self.what} '{_name_of(self.callback)}')"
+
+    @property
+    def what(self) -> str:
+        """What the callback is, in words (``"transpose callback"``), for messages."""
+        return self.op.families[self.family].labels[self.slot]
 
     @property
     def is_jvp(self) -> bool:
         """Whether this is the jvp callback of a nonlinear op."""
-        return self.op.families[self.family].labels[self.slot] == JVP
+        return self.callback_kind is CallbackKind.JVP
+
+    @property
+    def is_derivative(self) -> bool:
+        """Whether this is the jvp or vjp callback of a nonlinear op (not differentiable again)."""
+        return self.callback_kind in (CallbackKind.JVP, CallbackKind.VJP)
 
     @property
     def declares_residuals(self) -> bool:
         """Whether the abstract this role calls declares the op's residuals after its outputs."""
-        return self.op.n_residuals > 0 and (self.is_jvp or (self.family == 0 and self.op.kind == "nonlinear"))
+        return self.op.n_residuals > 0 and (
+            self.is_jvp or (self.callback_kind is CallbackKind.FORWARD and self.op.kind is OpKind.NONLINEAR))
 
     def abstract_inputs(self, items):
         """The part of this role's inputs (arrays, structs or batch axes) its abstract is called with.
@@ -203,6 +285,22 @@ class Role:
             groups.append((slot, start, start + size))
             start += size
         return groups
+
+    def regroup(self, new_slot: int, fixed, inputs, outputs) -> list:
+        """Inputs of ``self.with_slot(new_slot)``, given per-array items of this role.
+
+        Items may be arrays, batch masks or batch axes: the arrays of slot
+        ``self.slot`` (``outputs``) take their place among the slots, and the
+        arrays of ``new_slot`` drop out.
+        """
+        by_slot = {self.slot: list(outputs)}
+        for slot, start, stop in self.input_groups():
+            by_slot[slot] = list(inputs[start - self.n_fixed:stop - self.n_fixed])
+        regrouped = list(fixed)
+        for slot in range(self.n_slots):
+            if slot != new_slot:
+                regrouped += by_slot[slot]
+        return regrouped
 
     def with_slot(self, slot: int, n_out: int) -> "Role":
         """The role of the same family that computes ``slot`` (the transpose)."""

@@ -196,8 +196,26 @@ def set_frontend_attribute(results, key: str, value: str):
     return results
 
 
+# ---------------------------------------------------------------------------
+# Errors of a jitted call
+# ---------------------------------------------------------------------------
+
+
+def runtime_error_of_fast_path(err: ValueError, prefixes: tuple):
+    """The ``JaxRuntimeError`` a jitted call's runtime error should have been, or None.
+
+    JAX's C++ fast path for a jitted call that already ran raises every
+    runtime error as ValueError (jax-ml/jax#34083), where the first call (and
+    an eager one) raises JaxRuntimeError. ``prefixes``: how the messages of
+    the runtime errors to restore begin; other ValueErrors are left alone.
+    """
+    if not str(err).startswith(prefixes):
+        return None
+    return jax.errors.JaxRuntimeError(str(err)).with_traceback(err.__traceback__)
+
+
 __all__ = [
     "Primitive", "ad", "apply_primitive", "auto_device_count", "batch_partitioning_attributes", "batching",
     "cast_to_common_vma", "get_aval", "mlir", "register_batch_partitionable", "reshard_like",
-    "set_frontend_attribute", "shaped_array", "sharding_spec", "varying_axes",
+    "runtime_error_of_fast_path", "set_frontend_attribute", "shaped_array", "sharding_spec", "varying_axes",
 ]

@@ -1,17 +1,20 @@
-"""Where the compiled core meets the Python runtime: settings, interpreter exit, views kept too long."""
+"""The one place the compiled core is wired in at import: targets, dtypes, errors, kept views, exit, config."""
 
 from __future__ import annotations
 
 import atexit
 import gc
 import os
+import traceback
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from . import _trampoline
+from ._jax_compat import register_batch_partitionable
 
-__all__ = ["config"]
+__all__ = ["ASYNC_TARGET", "SESSION", "SUPPORTED_DTYPES", "TARGET", "config"]
 
 # How long the exit hook waits for callbacks that are still running on XLA's threads.
 EXIT_TIMEOUT_SECONDS = 10.0
@@ -57,6 +60,11 @@ class Config:
 
 
 config = Config()
+
+
+# ---------------------------------------------------------------------------
+# Views a callback kept
+# ---------------------------------------------------------------------------
 
 
 def _byte_range(array):
@@ -175,6 +183,58 @@ def _retire_aliases(views):
             pass
 
 
+# ---------------------------------------------------------------------------
+# The custom-call targets
+# ---------------------------------------------------------------------------
+
+TARGET = "jaxbind_dispatch"
+ASYNC_TARGET = "jaxbind_dispatch_async"  # concurrent native kernels, on XLA's thread pool
+jax.ffi.register_ffi_target(TARGET, _trampoline.handler(), platform="cpu")
+jax.ffi.register_ffi_target(ASYNC_TARGET, _trampoline.async_handler(), platform="cpu")
+# XLA may split a call that carries `num_batch_dims` (see
+# _batch_types.WalkBatch.partitionable_levels); a call without it is never split.
+for _target in (TARGET, ASYNC_TARGET):
+    register_batch_partitionable(_target)
+SESSION = np.int64(_trampoline.session())  # compiled beside each site id
+
+
+# ---------------------------------------------------------------------------
+# The dtypes a callback can take
+# ---------------------------------------------------------------------------
+
+# XLA FFI dtype codes (XLA's PrimitiveType numbers) and their NumPy dtypes.
+_DTYPE_CODES = {
+    "bool": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5,
+    "uint8": 6, "uint16": 7, "uint32": 8, "uint64": 9,
+    "float16": 10, "float32": 11, "float64": 12, "bfloat16": 16,
+    "complex64": 15, "complex128": 18,
+    "float8_e5m2": 19, "float8_e4m3fn": 20, "float8_e4m3b11fnuz": 23,
+    "float8_e5m2fnuz": 24, "float8_e4m3fnuz": 25, "float8_e4m3": 28, "float8_e3m4": 29,
+}
+SUPPORTED_DTYPES = {}
+for _name, _code in _DTYPE_CODES.items():
+    try:
+        _dtype = jnp.dtype(_name)
+    except TypeError:  # a float8 type this ml_dtypes does not have
+        continue
+    _trampoline.set_dtype(_code, _dtype)
+    SUPPORTED_DTYPES[_dtype] = _code
+
+
+# ---------------------------------------------------------------------------
+# Callback errors and interpreter exit
+# ---------------------------------------------------------------------------
+
+
+def format_callback_error(label: str, exc: BaseException) -> str:
+    """The message of the error a failing callback raises from the compiled call."""
+    frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return (
+        f"jaxbind {label}: the callback raised {type(exc).__name__}: {exc}\n"
+        + "".join(frames).rstrip()
+    )
+
+
 def _at_exit():
     # Runs before the interpreter finalizes (and before JAX's own hooks, which
     # were registered earlier): from here on a callback XLA starts is refused
@@ -182,5 +242,6 @@ def _at_exit():
     _trampoline.shutdown(EXIT_TIMEOUT_SECONDS)
 
 
+_trampoline.set_error_formatter(format_callback_error)
 _trampoline.set_alias_retirer(_retire_aliases)
 atexit.register(_at_exit)

@@ -1,0 +1,21 @@
+"""The jaxbind primitive object and ``bind``, the one way ops and rules emit it.
+
+Every op binds the same primitive with three static parameters: ``role`` (which
+callback of which op, see ``_definition``), ``kwargs`` (the op call's static
+keyword arguments) and ``batch`` (how the arrays are batched, or None; see
+``_batch_types``). Its rules are registered in ``_primitive``; this module has
+no rules so that the rule modules can import ``bind`` from it.
+"""
+
+from __future__ import annotations
+
+from ._jax_compat import Primitive, cast_to_common_vma
+
+jaxbind_p = Primitive("jaxbind")
+jaxbind_p.multiple_results = True
+
+
+def bind(args, role, kwargs, batch=None):
+    # Inside shard_map the inputs must vary over the same manual axes (see
+    # cast_to_common_vma): every bind, the rules' included, goes through here.
+    return jaxbind_p.bind(*cast_to_common_vma(args), role=role, kwargs=kwargs, batch=batch)
