@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._api import Op
+from .._op import Op
 from .._runtime import config
 from ._checker import Checker
 from ._report import OpCheck

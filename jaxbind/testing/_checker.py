@@ -12,7 +12,7 @@ import numpy as np
 from ._numerics import (
     FLOOR, MEANINGFUL, _eps, _growth, _inexact, _nonfinite, _norm, _relative, _size, _wide, _Worst,
 )
-from .._api import Op
+from .._op import Op
 from ._batching import BatchingChecks
 from ._derivatives import DerivativeChecks
 from ._linear import LinearChecks
