@@ -180,7 +180,7 @@ def _random_alm(rng, lmax, mmax, spin, dtype):
             if ell < spin:
                 alm[:, ofs + ell - m] = 0
         ofs += lmax + 1 - m
-    return alm.astype(jaxducc0._COMPLEX_OF[np.dtype(dtype)])
+    return alm.astype(np.result_type(dtype, np.complex64))
 
 
 def test_nalm():
@@ -343,7 +343,7 @@ def test_wgridder(dtype, rng, rand, check_grads):
     dirty = rand(params["npix_x"], params["npix_y"], dtype=dtype)
     want = ducc0.wgridder.experimental.dirty2vis(uvw=uvw, freq=freq, dirty=dirty, **direct)
     (vis,) = grid(uvw, freq, dirty)
-    cdtype = jaxducc0._COMPLEX_OF[np.dtype(dtype)]
+    cdtype = np.result_type(dtype, np.complex64)
     assert vis.shape == (uvw.shape[0], freq.shape[0]) and vis.dtype == cdtype
     assert_allclose(vis, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
     assert_allclose(jax.jit(lambda d: grid(uvw, freq, d)[0])(dirty), want, rtol=1e-6,

@@ -1,0 +1,38 @@
+"""ducc0's transforms as jaxbind linear ops.
+
+Every op here is linear in its (non-fixed) input, so it jit-compiles,
+differentiates to any order (``jvp``, ``vjp``/``grad``, ``linear_transpose``)
+and vmaps. The transposes follow JAX's convention (the plain transpose, no
+complex conjugation).
+
+- :data:`c2c`: complex FFT (``ducc0.fft.c2c``), batched natively under ``vmap``.
+- :data:`genuine_fht`: Hartley transform (``ducc0.fft.genuine_fht``), batched
+  natively under ``vmap``.
+- :func:`get_healpix_sht`: spherical harmonic synthesis onto a HEALPix map
+  (``ducc0.sht.synthesis``, transpose from ``ducc0.sht.adjoint_synthesis``) on
+  real-packed :math:`a_{lm}` (see :func:`alm2realalm`), batched natively under
+  ``vmap``; :func:`nalm`.
+- :func:`get_wgridder`: the radio-interferometric degridder image -> visibilities
+  (``ducc0.wgridder.experimental.dirty2vis``, transpose from ``vis2dirty``).
+
+Like every jaxbind op, each returns the list of its outputs: ``y, = c2c(x)``.
+Needs ``ducc0`` (``pip install 'jaxbind[ducc0]'``).
+"""
+
+try:
+    import ducc0  # noqa: F401
+except ImportError as _err:
+    raise ImportError(
+        "jaxbind.contrib.jaxducc0 needs the ducc0 package, which is not installed: "
+        "pip install 'jaxbind[ducc0]' (or pip install ducc0).",
+        name="ducc0",
+    ) from _err
+
+from ._fft import c2c, genuine_fht
+from ._sht import alm2realalm, get_healpix_sht, healpix_sht, nalm, realalm2alm
+from ._wgridder import get_wgridder, wgridder
+
+__all__ = [
+    "alm2realalm", "c2c", "genuine_fht", "get_healpix_sht", "get_wgridder", "healpix_sht", "nalm",
+    "realalm2alm", "wgridder",
+]

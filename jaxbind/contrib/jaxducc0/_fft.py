@@ -1,0 +1,141 @@
+"""The complex FFT and the Hartley transform, each its own transpose, batched natively."""
+
+import operator
+
+import ducc0
+
+from ... import get_linear_call, load_kwargs
+from ._common import _COMPLEX_OF, _REAL_OF, _check_kwargs, _check_dtype
+
+
+# ---------------------------------------------------------------------------
+# FFT and Hartley transform: one array in, one of the same shape and dtype out.
+# Both matrices are symmetric (exp(s 2 pi i j k / n) and cas(2 pi j k / n) do
+# not change when j and k are swapped, and a multi-axis transform is a
+# product over the axes), so each op is its own transpose with the same
+# keyword arguments. Under vmap, ducc0 transforms the non-batch axes of the
+# whole batch in one call.
+# ---------------------------------------------------------------------------
+
+
+def _transform_axes(ndim, batch_axes, axes):
+    """The axes of the (batched) array to transform.
+
+    ``axes`` (None, an int or a sequence of ints, negative ones counted from
+    the end) refers to the axes of one element, as the user sees it; the
+    batch axes of ``batch_axes[0]`` are skipped.
+    """
+    skip = set(batch_axes[0]) if batch_axes is not None else set()
+    core = [a for a in range(ndim) if a not in skip]
+    if axes is None:
+        return core
+    try:
+        wanted = [operator.index(axes)]
+    except TypeError:
+        try:
+            wanted = [operator.index(a) for a in axes]
+        except TypeError:
+            raise TypeError(
+                f"axes must be None, an int or a sequence of ints, got {axes!r}."
+            ) from None
+    chosen = []
+    for a in wanted:
+        if not -len(core) <= a < len(core):
+            raise ValueError(f"axis {a} is out of range for an array of rank {len(core)}.")
+        a %= len(core)
+        if core[a] in chosen:
+            raise ValueError(f"axis {a} is repeated in axes={axes!r}.")
+        chosen.append(core[a])
+    return chosen
+
+
+def _check_inorm(inorm):
+    if inorm not in (0, 1, 2):
+        raise ValueError(f"inorm must be 0, 1 or 2, got {inorm!r}.")
+
+
+def _same_layout(x, batch_axes):
+    """Output like the input, batch axes where the input has them."""
+    if batch_axes is None:
+        return ((x.shape, x.dtype),)
+    return ((x.shape, x.dtype, batch_axes[0][-1]),)
+
+
+_C2C_KWARGS = ("axes", "forward", "inorm", "nthreads")
+
+
+def _c2c_abstract(x, *, batch_axes=None, **kwargs):
+    _check_kwargs(kwargs, _C2C_KWARGS)
+    _check_dtype("the input", x.dtype, tuple(_REAL_OF))
+    _check_inorm(kwargs.get("inorm", 0))
+    _transform_axes(len(x.shape), batch_axes, kwargs.get("axes"))
+    return _same_layout(x, batch_axes)
+
+
+def _c2c(out, args, kwargs_dump):
+    (x,) = args
+    kw = load_kwargs(kwargs_dump)
+    ducc0.fft.c2c(
+        x,
+        axes=_transform_axes(x.ndim, kw.get("batch_axes"), kw.get("axes")),
+        forward=bool(kw.get("forward", True)),
+        inorm=kw.get("inorm", 0),
+        nthreads=kw.get("nthreads", 1),
+        out=out[0],
+    )
+
+
+c2c = get_linear_call(_c2c, _c2c, _c2c_abstract, _c2c_abstract, func_can_batch=True, name="jaxducc0.c2c")
+c2c.__doc__ = """Complex FFT of ``x`` (``ducc0.fft.c2c``) as a linear jaxbind op.
+
+``c2c(x, axes=None, forward=True, inorm=0, nthreads=1)`` returns ``[y]``, ``y``
+of the shape and dtype of ``x`` (complex64 or complex128; cast real data to
+complex first, in JAX, so that its cotangent is made real by JAX's cast).
+
+- ``axes``: the axes to transform (None: all; an int or a sequence of ints,
+  negative ones from the end). Under ``vmap`` they are the axes of one
+  element; the batch is transformed in one ducc0 call.
+- ``forward``: sign of the exponent, ``-`` if True (``jnp.fft.fftn``), ``+``
+  otherwise (``n * jnp.fft.ifftn``).
+- ``inorm``: 0 no normalization, 1 divide by ``sqrt(N)``, 2 by ``N`` (``N``
+  the number of points transformed).
+- ``nthreads``: ducc0's threads (0: all hardware threads).
+
+The op is its own transpose (the DFT matrix is symmetric).
+"""
+
+
+_FHT_KWARGS = ("axes", "inorm", "nthreads")
+
+
+def _fht_abstract(x, *, batch_axes=None, **kwargs):
+    _check_kwargs(kwargs, _FHT_KWARGS)
+    _check_dtype("the input", x.dtype, tuple(_COMPLEX_OF))
+    _check_inorm(kwargs.get("inorm", 0))
+    _transform_axes(len(x.shape), batch_axes, kwargs.get("axes"))
+    return _same_layout(x, batch_axes)
+
+
+def _fht(out, args, kwargs_dump):
+    (x,) = args
+    kw = load_kwargs(kwargs_dump)
+    ducc0.fft.genuine_fht(
+        x,
+        axes=_transform_axes(x.ndim, kw.get("batch_axes"), kw.get("axes")),
+        inorm=kw.get("inorm", 0),
+        nthreads=kw.get("nthreads", 1),
+        out=out[0],
+    )
+
+
+genuine_fht = get_linear_call(
+    _fht, _fht, _fht_abstract, _fht_abstract, func_can_batch=True, name="jaxducc0.genuine_fht"
+)
+genuine_fht.__doc__ = """Hartley transform of ``x`` (``ducc0.fft.genuine_fht``) as a linear jaxbind op.
+
+``genuine_fht(x, axes=None, inorm=0, nthreads=1)`` returns ``[y]``, ``y`` of
+the shape and dtype of ``x`` (float32 or float64): ``Re(F x) - Im(F x)`` with
+``F`` the forward FFT over ``axes`` (the "genuine" multi-axis Hartley
+transform, not the separable one). ``axes``, ``inorm`` and ``nthreads`` as for
+:data:`c2c`; natively batched under ``vmap``. The op is its own transpose.
+"""
