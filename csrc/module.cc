@@ -1,8 +1,49 @@
-// The Python module _trampoline: the handlers, registration and the setters.
+// The Python module _trampoline: the handlers, registration, the setters, and jaxbind.h's codes.
 
 #include "internal.h"
 
+#include <cctype>
+#include <iterator>
+
 namespace {
+
+struct NamedCode {
+  const char* name;
+  int64_t code;
+};
+
+// Named as jaxbind.h names them (exported lower-case, which for dtypes is
+// NumPy's and ml_dtypes' spelling), valued by the header: the codes are
+// written down nowhere else, and a misspelled entry does not compile.
+#define JAXBIND_DTYPE(NAME) NamedCode{#NAME, JAXBIND_##NAME}
+constexpr NamedCode kDtypeCodes[] = {
+    JAXBIND_DTYPE(BOOL), JAXBIND_DTYPE(INT8), JAXBIND_DTYPE(INT16), JAXBIND_DTYPE(INT32),
+    JAXBIND_DTYPE(INT64), JAXBIND_DTYPE(UINT8), JAXBIND_DTYPE(UINT16), JAXBIND_DTYPE(UINT32),
+    JAXBIND_DTYPE(UINT64), JAXBIND_DTYPE(FLOAT16), JAXBIND_DTYPE(FLOAT32), JAXBIND_DTYPE(FLOAT64),
+    JAXBIND_DTYPE(COMPLEX64), JAXBIND_DTYPE(BFLOAT16), JAXBIND_DTYPE(COMPLEX128),
+    JAXBIND_DTYPE(FLOAT8_E5M2), JAXBIND_DTYPE(FLOAT8_E4M3FN), JAXBIND_DTYPE(FLOAT8_E4M3B11FNUZ),
+    JAXBIND_DTYPE(FLOAT8_E5M2FNUZ), JAXBIND_DTYPE(FLOAT8_E4M3FNUZ), JAXBIND_DTYPE(FLOAT8_E4M3),
+    JAXBIND_DTYPE(FLOAT8_E3M4),
+};
+#undef JAXBIND_DTYPE
+
+#define JAXBIND_KWARG(NAME) NamedCode{#NAME, JAXBIND_KW_##NAME}
+constexpr NamedCode kKwargTypes[] = {
+    JAXBIND_KWARG(INT), JAXBIND_KWARG(FLOAT), JAXBIND_KWARG(BOOL),
+    JAXBIND_KWARG(STRING), JAXBIND_KWARG(INT_ARRAY), JAXBIND_KWARG(FLOAT_ARRAY),
+};
+#undef JAXBIND_KWARG
+
+template <size_t N>
+nb::dict CodeTable(const NamedCode (&table)[N]) {
+  nb::dict codes;
+  for (const NamedCode& entry : table) {
+    std::string name(entry.name);
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    codes[name.c_str()] = entry.code;
+  }
+  return codes;
+}
 
 uintptr_t CapsulePointer(nb::handle capsule) {
   if (!PyCapsule_CheckExact(capsule.ptr())) throw nb::type_error("not a PyCapsule");
@@ -16,6 +57,8 @@ uintptr_t CapsulePointer(nb::handle capsule) {
 NB_MODULE(_trampoline, m) {
   if (PyArray_ImportNumPyAPI() < 0) throw nb::python_error();
   m.doc() = "jaxbind's compiled core: the XLA custom-call handler and its registry.";
+  m.attr("DTYPE_CODES") = CodeTable(kDtypeCodes);
+  m.attr("KWARG_TYPES") = CodeTable(kKwargTypes);
 
   m.def("handler", []() { return nb::capsule(reinterpret_cast<void*>(&jaxbind_dispatch)); },
         "The XLA FFI handler, as a capsule for jax.ffi.register_ffi_target.");
