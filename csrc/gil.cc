@@ -28,7 +28,8 @@ bool PythonFinalizing() {
 // own worker threads, which have no Python thread state. PyGILState_Ensure and
 // Release would create and destroy a thread state on every call there; instead
 // each thread gets one thread state, made on first use and kept.
-GilHold::GilHold() {
+// `inline` as when the class body held it: without, the per-call path calls it.
+inline GilHold::GilHold() {
   g_python_calls.fetch_add(1);  // sequentially consistent with Shutdown's flag
   if (!Py_IsInitialized() || PythonFinalizing()) return;
   // After the exit hook only the exiting thread (CPython never ends it) may
@@ -46,7 +47,7 @@ GilHold::GilHold() {
   acquired_ = true;
 }
 
-GilHold::~GilHold() {
+inline GilHold::~GilHold() {
   if (acquired_) PyEval_SaveThread();
   g_python_calls.fetch_sub(1);
 }
