@@ -3,7 +3,6 @@
 #include "internal.h"
 
 #include <cctype>
-#include <iterator>
 
 namespace {
 
