@@ -1,6 +1,7 @@
-// The walk of a batch: the plan of one call and the loop over its elements,
-// as templates that the Python and the native call instantiate with their
-// per-element call (planning itself is in walk.cc).
+// The walk of a batch: one call's plan and the loop over its elements, templates for both calls.
+//
+// The Python and the native call instantiate the loop with their per-element
+// call; the plan is made in walk.cc.
 #ifndef JAXBIND_CSRC_WALK_H_
 #define JAXBIND_CSRC_WALK_H_
 
