@@ -18,7 +18,9 @@ from . import _trampoline
 __all__ = ["NativeKernel", "as_kernel", "get_include", "kernel_kwargs", "native"]
 
 # enum jaxbind_kwarg_type in jaxbind.h
-KW_INT, KW_FLOAT, KW_BOOL, KW_STRING, KW_INT_ARRAY, KW_FLOAT_ARRAY = 1, 2, 3, 4, 5, 6
+KW_INT, KW_FLOAT, KW_BOOL, KW_STRING, KW_INT_ARRAY, KW_FLOAT_ARRAY = (
+    _trampoline.KWARG_TYPES[name]
+    for name in ("int", "float", "bool", "string", "int_array", "float_array"))
 
 
 def get_include() -> str:

@@ -203,14 +203,7 @@ SESSION = np.int64(_trampoline.session())  # compiled beside each site id
 # ---------------------------------------------------------------------------
 
 # XLA FFI dtype codes (XLA's PrimitiveType numbers) and their NumPy dtypes.
-_DTYPE_CODES = {
-    "bool": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5,
-    "uint8": 6, "uint16": 7, "uint32": 8, "uint64": 9,
-    "float16": 10, "float32": 11, "float64": 12, "bfloat16": 16,
-    "complex64": 15, "complex128": 18,
-    "float8_e5m2": 19, "float8_e4m3fn": 20, "float8_e4m3b11fnuz": 23,
-    "float8_e5m2fnuz": 24, "float8_e4m3fnuz": 25, "float8_e4m3": 28, "float8_e3m4": 29,
-}
+_DTYPE_CODES = _trampoline.DTYPE_CODES  # the header's enum, exported by the module
 SUPPORTED_DTYPES = {}
 for _name, _code in _DTYPE_CODES.items():
     try:

@@ -1,0 +1,108 @@
+// The XLA FFI handlers: from a call frame to the registered site, synchronous and asynchronous.
+
+#include "internal.h"
+
+namespace {
+
+// The buffers of one call, copied: XLA may reuse its call frame once an
+// asynchronous handler returns, while the buffers stay valid until the
+// handler's future completes.
+struct OwnedFrame {
+  OwnedFrame(const XLA_FFI_Args* args, const XLA_FFI_Rets* rets)
+      : buffers(args->size + rets->size), dims(buffers.size()), pointers(buffers.size()) {
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      const bool is_in = i < static_cast<size_t>(args->size);
+      const auto* buf = static_cast<const XLA_FFI_Buffer*>(
+          is_in ? args->args[i] : rets->rets[i - args->size]);
+      buffers[i] = *buf;
+      dims[i].assign(buf->dims, buf->dims + buf->rank);
+      buffers[i].dims = dims[i].data();
+      pointers[i] = &buffers[i];
+    }
+    n_in = args->size;
+  }
+  std::vector<XLA_FFI_Buffer> buffers;  // inputs, then outputs
+  std::vector<std::vector<int64_t>> dims;
+  std::vector<void*> pointers;
+  size_t n_in = 0;
+};
+
+// RemainingArgs/RemainingRets keep the raw frame protected; a member pointer
+// formed through a derived class reads it without copying or decoding.
+struct RawFrame : ffi::RemainingArgs, ffi::RemainingRets {
+  static const XLA_FFI_Args* Args(const ffi::RemainingArgs& a) {
+    return (a.*(&RawFrame::args))();
+  }
+  static const XLA_FFI_Rets* Rets(const ffi::RemainingRets& r) {
+    return (r.*(&RawFrame::rets))();
+  }
+};
+
+// The one XLA handler for every jaxbind op.
+ffi::Error Dispatch(ffi::ThreadPool pool, int64_t session, int64_t site_id,
+                    ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  const AnySite* entry = LookupSite(session, site_id);
+  if (entry == nullptr) return UnknownSite(session, site_id);
+  const Site& site = Common(*entry);
+  const XLA_FFI_Args* raw_args = RawFrame::Args(args);
+  const XLA_FFI_Rets* raw_rets = RawFrame::Rets(rets);
+  if (site.levels != 0 && site.in_masks.size() != static_cast<size_t>(raw_args->size)) {
+    return ErrorText(&site, "internal error: the call site was registered for " +
+                                std::to_string(site.in_masks.size()) + " inputs");
+  }
+  if (const auto* native = std::get_if<NativeSite>(entry)) {
+    return RunNative(*native, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets,
+                     &pool);
+  }
+  const auto& python = *std::get_if<PythonSite>(entry);
+  if (!Py_IsInitialized()) return ErrorText(&site, "the Python interpreter is not running");
+  if (site.valid_levels != 0 && site.levels == 0) {
+    return RunPythonWholePadded(python, raw_args, raw_rets);
+  }
+  return RunPython(python, raw_args, raw_rets);
+}
+
+// The handler for concurrent native kernels: the kernel runs on XLA's
+// thread pool, and XLA goes on with independent work until it completes.
+ffi::Future DispatchAsync(ffi::ThreadPool pool, int64_t session, int64_t site_id,
+                          ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  // Shared, because a Promise is move-only in some versions of the FFI headers
+  // and the task that completes it must be copyable in others.
+  auto promise = std::make_shared<ffi::Promise>();
+  ffi::Future future(*promise);
+  const AnySite* entry = LookupSite(session, site_id);
+  const NativeSite* site = entry != nullptr ? std::get_if<NativeSite>(entry) : nullptr;
+  if (site == nullptr) {  // (Python sites are never bound to this handler)
+    promise->SetError(UnknownSite(session, site_id));
+    return future;
+  }
+  auto frame = std::make_shared<OwnedFrame>(RawFrame::Args(args), RawFrame::Rets(rets));
+  pool.Schedule([site, frame, promise]() {
+    void* const* pointers = frame->pointers.data();
+    ffi::Error error = RunNative(*site, frame->n_in, pointers,
+                                 frame->pointers.size() - frame->n_in, pointers + frame->n_in,
+                                 /*pool=*/nullptr);
+    if (error.success()) {
+      promise->SetAvailable();
+    } else {
+      promise->SetError(std::move(error));
+    }
+  });
+  return future;
+}
+
+// What both handlers decode from a call: the pool, the program's session and
+// site attributes, and the buffers left raw.
+auto DispatchBinding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Attr<int64_t>("session")
+      .Attr<int64_t>("site")
+      .RemainingArgs()
+      .RemainingRets();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxbind_dispatch, Dispatch, DispatchBinding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxbind_dispatch_async, DispatchAsync, DispatchBinding());

@@ -1,0 +1,199 @@
+// The types and declarations that the files of csrc/ share.
+//
+// csrc/ is jaxbind's XLA custom-call trampoline: one typed-FFI handler serves
+// every jaxbind op. A compiled program carries two integer attributes,
+// `session` (this process's token) and `site` (an index into the registry);
+// the site says which callable to run, with which kwargs, and how to walk a
+// batch. The handler knows no calculus: jvp, transpose and batching rules
+// live in Python and only decide which site a custom call names.
+//
+// csrc/ is one translation unit (CMakeLists.txt builds it with CMake's unity
+// build), so everything here has internal linkage and the compiler sees the
+// whole per-call path at once: CallOnce's helpers inline as they did when this
+// was a single file. NumPy's C API table is per translation unit too (no
+// PY_ARRAY_UNIQUE_SYMBOL): compiled apart, the files would not even share it.
+#ifndef JAXBIND_CSRC_INTERNAL_H_
+#define JAXBIND_CSRC_INTERNAL_H_
+
+#ifndef JAXBIND_ONE_UNIT
+#error "csrc/*.cc are parts of one translation unit: build them with CMake's unity build (CMakeLists.txt)"
+#endif
+
+#include <Python.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "jaxbind.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace nb = nanobind;
+namespace ffi = xla::ffi;
+
+static_assert(sizeof(npy_intp) == sizeof(int64_t),
+              "XLA dimensions are handed to NumPy without conversion");
+
+namespace {
+
+// ---- Call sites (registry.cc) ---------------------------------------------
+
+// What every compiled custom call has, whatever it calls: a name for errors
+// and how the handler walks a batch. Only which input is mapped at which
+// level is static: sizes and strides are read off the buffers of each call,
+// since XLA may hand a partitioned call a piece of the batch.
+struct Site {
+  std::string name;  // e.g. "op 'scale' (transpose callback 'scale_T')"
+  size_t levels = 0;  // batch levels walked; 0: the callee sees the whole arrays
+  std::vector<std::vector<char>> in_masks;  // per input, per level (outermost first)
+  std::vector<int> in_mapped;               // leading dims of each input that are levels
+  // A partitioned batch that XLA may pad: when not 0, the last input is the
+  // validity operand (made by _validity in jaxbind/_lowering.py) and every
+  // array has this many batch levels in front (equal to `levels` for a walk;
+  // a whole call has levels 0).
+  size_t valid_levels = 0;
+};
+
+// A Python callback, called as callable(out, args, kwargs_dump).
+struct PythonSite : Site {
+  PyObject* callable = nullptr;     // strong references, owned for the process lifetime
+  PyObject* kwargs_dump = nullptr;  // bytes, handed to every call unchanged
+  // The (args, out) tuples of views from the last call, reused while nobody
+  // else holds them (guarded by the GIL).
+  mutable PyObject* cached_in = nullptr;
+  mutable PyObject* cached_out = nullptr;
+  mutable bool cache_busy = false;
+};
+
+// A kwarg of a native kernel with the storage its C view points into.
+struct NativeKwarg {
+  std::string name;
+  int64_t type = 0;
+  int64_t int_value = 0;
+  double float_value = 0.0;
+  std::string string_value;
+  std::vector<int64_t> int_array;
+  std::vector<double> float_array;
+};
+
+// A C kernel (jaxbind.h), called with no Python and no GIL.
+struct NativeSite : Site {
+  jaxbind_kernel kernel = nullptr;
+  std::vector<NativeKwarg> storage;
+  std::vector<jaxbind_kwarg> kwargs;  // views of `storage`, which never moves once made
+};
+
+// A registered site is one or the other; the handler asks which.
+using AnySite = std::variant<PythonSite, NativeSite>;
+
+inline const Site& Common(const AnySite& site) {
+  return std::visit([](const Site& s) -> const Site& { return s; }, site);
+}
+
+extern const int64_t g_session;
+extern std::atomic<int64_t> g_num_sites;
+// Null for an id or session this process did not register.
+const AnySite* LookupSite(int64_t session, int64_t id);
+int64_t RegisterSite(std::string name, nb::handle callable, nb::bytes kwargs_dump, size_t levels,
+                     const std::vector<std::vector<int>>& in_masks, uintptr_t native_address,
+                     nb::handle native_kwargs, size_t valid_levels);
+
+// ---- The GIL and shutdown (gil.cc) ------------------------------------------
+
+// Takes the GIL on any thread, XLA's worker threads included. `held()` is
+// false when Python is shutting down: the caller must then not touch Python
+// at all, and returns an error result instead.
+class GilHold {
+ public:
+  GilHold();
+  ~GilHold();
+  bool held() const { return held_; }
+  // CPython is ending this thread from inside the callback (it waited for the
+  // GIL while the interpreter finalized): it holds no GIL to release.
+  void Abandon() { acquired_ = false; }
+  GilHold(const GilHold&) = delete;
+  GilHold& operator=(const GilHold&) = delete;
+
+ private:
+  bool held_ = false;
+  bool acquired_ = false;
+};
+
+int64_t Shutdown(double timeout);
+
+// ---- Errors (errors.cc) -----------------------------------------------------
+
+std::string PyUnicodeToString(PyObject* s);
+std::string MessageFromPython(const Site& site);
+ffi::Error ErrorText(const Site* site, const std::string& what);
+ffi::Error UnknownSite(int64_t session, int64_t site_id);
+void SetErrorFormatter(nb::handle fn);
+
+// ---- Views of XLA's buffers (views.cc) --------------------------------------
+
+// Tables indexed by XLA_FFI_DataType code, filled by set_dtype at import.
+constexpr int kNumDtypeCodes = 64;
+extern PyArray_Descr* g_descr[kNumDtypeCodes];  // nullptr: not supported
+extern int64_t g_itemsize[kNumDtypeCodes];      // 0: not supported
+
+inline int64_t ItemSize(int64_t code) {
+  return code >= 0 && code < kNumDtypeCodes ? g_itemsize[code] : 0;
+}
+
+char* ElementData(void* buffer, int64_t offset);
+int InputSkip(const Site& site, size_t i);
+PyObject* MakeView(const XLA_FFI_Buffer* buf, char* data, int skip_dims, bool writable);
+PyObject* ViewTuple(PyObject* cached, void* const* buffers, int64_t n, const int64_t* offsets,
+                    const Site& site, int fixed_skip, bool writable);
+bool Kept(PyObject* tuple, Py_ssize_t ours);
+bool KeptAfterCollecting(PyObject* in_tuple, Py_ssize_t ours_in, PyObject* out_tuple,
+                         Py_ssize_t ours_out);
+void RetireViews(PyObject* in_tuple, PyObject* out_tuple, bool aliases);
+void SetDtype(int code, nb::handle dtype);
+void SetAliasRetirer(nb::handle fn);
+void RetireArray(nb::handle array);
+
+// ---- The checking mode (checking.cc) ----------------------------------------
+
+extern std::atomic<bool> g_check_unwritten;
+void FillSentinel(size_t n_out, void* const* outs);
+std::string FindUnwritten(size_t n_out, void* const* outs);
+
+// ---- Calls (python_call.cc, native_call.cc, padded.cc) ---------------------
+
+ffi::Error RunPython(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets);
+ffi::Error RunNative(const NativeSite& site, size_t n_in, void* const* ins, size_t n_out,
+                     void* const* outs, ffi::ThreadPool* pool);
+ffi::Error RunNativeChecked(const NativeSite& site, size_t n_in, void* const* ins, size_t n_out,
+                            void* const* outs, ffi::ThreadPool* pool);
+// Out of line, so that padding does not change the code of calls without it.
+__attribute__((noinline)) ffi::Error RunNativeWholePadded(const NativeSite& site, size_t n_in,
+                                                          void* const* ins, size_t n_out,
+                                                          void* const* outs, ffi::ThreadPool* pool);
+__attribute__((noinline)) ffi::Error RunPythonWholePadded(const PythonSite& site,
+                                                          const XLA_FFI_Args* args,
+                                                          const XLA_FFI_Rets* rets);
+void SetNativeKwargs(NativeSite& site, nb::handle native_kwargs);
+
+// ---- The module (module.cc, diagnostics.cc) ---------------------------------
+
+void AddDiagnostics(nb::module_& m);
+
+}  // namespace
+
+// The handlers (handlers.cc), handed to JAX as capsules.
+extern "C" XLA_FFI_Error* jaxbind_dispatch(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* jaxbind_dispatch_async(XLA_FFI_CallFrame* call_frame);
+
+#endif  // JAXBIND_CSRC_INTERNAL_H_

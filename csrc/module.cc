@@ -1,0 +1,102 @@
+// The Python module _trampoline: the handlers, registration, the setters, and jaxbind.h's codes.
+
+#include "internal.h"
+
+#include <cctype>
+
+namespace {
+
+struct NamedCode {
+  const char* name;
+  int64_t code;
+};
+
+// Named as jaxbind.h names them (exported lower-case, which for dtypes is
+// NumPy's and ml_dtypes' spelling), valued by the header: the codes are
+// written down nowhere else, and a misspelled entry does not compile.
+#define JAXBIND_DTYPE(NAME) NamedCode{#NAME, JAXBIND_##NAME}
+constexpr NamedCode kDtypeCodes[] = {
+    JAXBIND_DTYPE(BOOL), JAXBIND_DTYPE(INT8), JAXBIND_DTYPE(INT16), JAXBIND_DTYPE(INT32),
+    JAXBIND_DTYPE(INT64), JAXBIND_DTYPE(UINT8), JAXBIND_DTYPE(UINT16), JAXBIND_DTYPE(UINT32),
+    JAXBIND_DTYPE(UINT64), JAXBIND_DTYPE(FLOAT16), JAXBIND_DTYPE(FLOAT32), JAXBIND_DTYPE(FLOAT64),
+    JAXBIND_DTYPE(COMPLEX64), JAXBIND_DTYPE(BFLOAT16), JAXBIND_DTYPE(COMPLEX128),
+    JAXBIND_DTYPE(FLOAT8_E5M2), JAXBIND_DTYPE(FLOAT8_E4M3FN), JAXBIND_DTYPE(FLOAT8_E4M3B11FNUZ),
+    JAXBIND_DTYPE(FLOAT8_E5M2FNUZ), JAXBIND_DTYPE(FLOAT8_E4M3FNUZ), JAXBIND_DTYPE(FLOAT8_E4M3),
+    JAXBIND_DTYPE(FLOAT8_E3M4),
+};
+#undef JAXBIND_DTYPE
+
+#define JAXBIND_KWARG(NAME) NamedCode{#NAME, JAXBIND_KW_##NAME}
+constexpr NamedCode kKwargTypes[] = {
+    JAXBIND_KWARG(INT), JAXBIND_KWARG(FLOAT), JAXBIND_KWARG(BOOL),
+    JAXBIND_KWARG(STRING), JAXBIND_KWARG(INT_ARRAY), JAXBIND_KWARG(FLOAT_ARRAY),
+};
+#undef JAXBIND_KWARG
+
+template <size_t N>
+nb::dict CodeTable(const NamedCode (&table)[N]) {
+  nb::dict codes;
+  for (const NamedCode& entry : table) {
+    std::string name(entry.name);
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    codes[name.c_str()] = entry.code;
+  }
+  return codes;
+}
+
+uintptr_t CapsulePointer(nb::handle capsule) {
+  if (!PyCapsule_CheckExact(capsule.ptr())) throw nb::type_error("not a PyCapsule");
+  void* ptr = PyCapsule_GetPointer(capsule.ptr(), PyCapsule_GetName(capsule.ptr()));
+  if (ptr == nullptr) throw nb::python_error();
+  return reinterpret_cast<uintptr_t>(ptr);
+}
+
+}  // namespace
+
+NB_MODULE(_trampoline, m) {
+  if (PyArray_ImportNumPyAPI() < 0) throw nb::python_error();
+  m.doc() = "jaxbind's compiled core: the XLA custom-call handler and its registry.";
+  m.attr("DTYPE_CODES") = CodeTable(kDtypeCodes);
+  m.attr("KWARG_TYPES") = CodeTable(kKwargTypes);
+
+  m.def("handler", []() { return nb::capsule(reinterpret_cast<void*>(&jaxbind_dispatch)); },
+        "The XLA FFI handler, as a capsule for jax.ffi.register_ffi_target.");
+  m.def("async_handler",
+        []() { return nb::capsule(reinterpret_cast<void*>(&jaxbind_dispatch_async)); },
+        "The XLA FFI handler of concurrent native kernels (runs them on XLA's thread pool).");
+
+  m.def("register_site",
+        [](std::string name, nb::handle callable, nb::bytes kwargs_dump, size_t levels,
+           std::vector<std::vector<int>> in_masks, uintptr_t native_address,
+           nb::list native_kwargs, size_t valid_levels) {
+          return RegisterSite(std::move(name), callable, kwargs_dump, levels, in_masks,
+                              native_address, native_kwargs, valid_levels);
+        },
+        nb::arg("name"), nb::arg("callable").none(), nb::arg("kwargs_dump"),
+        nb::arg("levels"), nb::arg("in_masks"), nb::arg("native_address"),
+        nb::arg("native_kwargs"), nb::arg("valid_levels") = 0,
+        "Register a call site (a Python callable, or a native kernel when "
+        "native_address is not 0); returns the id the compiled program carries. With "
+        "valid_levels, the last input is the validity operand of a padded batch.");
+  m.def("num_sites", []() { return g_num_sites.load(); }, "Number of registered call sites.");
+  m.def("session", []() { return g_session; }, "This process's token, compiled beside site ids.");
+
+  m.def("set_dtype", &SetDtype, nb::arg("code"), nb::arg("dtype"),
+        "Map an XLA FFI dtype code to a NumPy dtype.");
+  m.def("set_alias_retirer", &SetAliasRetirer,
+        "Set the function (list of kept views) -> None that cuts off every other array reaching "
+        "their memory; it is called before the views themselves are retired.");
+  m.def("set_error_formatter", &SetErrorFormatter,
+        "Set the function (op_name, exception) -> str used for callback errors.");
+  m.def("set_check_unwritten", [](bool on) { g_check_unwritten.store(on); }, nb::arg("on"),
+        "Fill outputs with a sentinel before every callback and report elements left unwritten.");
+
+  m.def("retire", &RetireArray,
+        "Make a view that does not own its memory empty and read-only (cuts it off that memory).");
+  m.def("shutdown", &Shutdown, nb::arg("timeout"),
+        "Refuse new Python callbacks and wait up to `timeout` seconds for the running ones "
+        "(jaxbind's atexit hook). Returns how many still run.");
+  m.def("capsule_pointer", &CapsulePointer, "The pointer a PyCapsule holds, whatever its name.");
+
+  AddDiagnostics(m);
+}
