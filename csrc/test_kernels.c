@@ -235,10 +235,22 @@ EXPORT int jb_double(const jaxbind_call *call) {
 /* Does nothing (benchmarks: the pure overhead). */
 EXPORT int jb_empty(const jaxbind_call *call) { (void)call; return 0; }
 
+/* Calls of jb_busy_thread since the last jb_busy_thread_calls(1) (atomic: the walk runs
+ * elements on several threads at once). */
+static int64_t busy_thread_calls = 0;
+
+/* The number of jb_busy_thread calls so far; reset to 0 afterwards when `reset` is nonzero. */
+EXPORT int64_t jb_busy_thread_calls(int reset) {
+  return reset ? __atomic_exchange_n(&busy_thread_calls, 0, __ATOMIC_SEQ_CST)
+               : __atomic_load_n(&busy_thread_calls, __ATOMIC_SEQ_CST);
+}
+
 /* The parallel walk (tests): about `iterations` (kwarg, default 20000) of busy work, then
  * out[0] = in[0] (float64) and out[1] = an id of the thread that ran it (int64 scalar).
- * Fails, naming the value, when in[0][0] < kwarg "fail_below" (default: never). */
+ * Fails, naming the value, when in[0][0] < kwarg "fail_below" (default: never). Every
+ * call is counted (jb_busy_thread_calls). */
 EXPORT int jb_busy_thread(const jaxbind_call *call) {
+  __atomic_fetch_add(&busy_thread_calls, 1, __ATOMIC_SEQ_CST);
   if (check_counts(call, 1, 2)) return 1;
   if (call->in[0].dtype != JAXBIND_FLOAT64 || call->out[0].dtype != JAXBIND_FLOAT64 ||
       call->out[1].dtype != JAXBIND_INT64 || call->out[1].rank != 0)

@@ -252,6 +252,29 @@ for _kind, (_, _, _linear) in KINDS.items():
             lambda: _transpose_wrt_w(w_sharded=False))
 
 
+def _mixed_case(kind, x_spec, w_spec, transform):
+    """2-D mesh, one argument varying over 'x' only and the other over 'x' and 'y': the
+    first one's cotangent sums over 'y'."""
+    body, ref, _ = KINDS[kind]
+
+    def run():
+        m = mesh("2d")
+        x = data(global_shape(x_spec, m), 1)
+        w = data(global_shape(w_spec, m), 2) + 2.0
+        F, R = (jax.shard_map(b, mesh=m, in_specs=(x_spec, w_spec), out_specs=P("x", "y"))
+                for b in (body, ref))
+        compare(OUTER[transform](F, x, w), OUTER[transform](R, x, w))
+        compare(OUTER["forward"](F, x, w), OUTER["forward"](R, x, w))
+    return run
+
+
+for _kind in ("fixed", "multilinear", "nonlinear"):  # (the other kinds do not take w)
+    for _x_spec, _w_spec, _name in [(P("x"), P("x", "y"), "x_over_x_w_over_xy"),
+                                    (P("x", "y"), P("x"), "x_over_xy_w_over_x")]:
+        for _transform in ("grad", "jit_grad") + (("grad_wrt_w",) if _kind == "multilinear" else ()):
+            CASES[f"shard_map/2d_mixed/{_kind}/{_name}/{_transform}"] = _mixed_case(_kind, _x_spec, _w_spec, _transform)
+
+
 def _transpose_wrt_w(w_sharded):
     body, ref, _ = KINDS["multilinear"]
     F, x, w = shard_mapped(body, "1d", w_sharded=w_sharded)
@@ -333,8 +356,11 @@ def _partitioned_inner_level():
     # inner level is a quarter of the compiled one and must walk what it got.
     m, x = _sharded_batch(spec=P(None, "d"), shape=(4, 16, 3))
     f = jax.jit(jax.vmap(jax.vmap(lambda r: counted_op(r)[0])))
+    assert "all-gather" not in f.lower(x).compile().as_text(), "the compiled program gathers the batch"
     y, calls = _count_calls(f, x)
     assert calls == 64, calls
+    assert y.sharding.is_equivalent_to(NamedSharding(m, P(None, "d")), y.ndim), y.sharding
+    assert all(s.data.shape == (4, 4, 3) for s in y.addressable_shards), [s.data.shape for s in y.addressable_shards]
     compare(y, 2.0 * x)
 
 
