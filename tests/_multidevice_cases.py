@@ -14,11 +14,9 @@ block of ``x`` and of ``w``; an argument is sharded over the mesh or replicated.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import json
 import math
-import os
 import sys
 import time
 import traceback
@@ -28,11 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+import _kernels
 import jaxbind
 
 jax.config.update("jax_enable_x64", True)
 
-LIB = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+LIB = _kernels.load()
 Auto = jax.sharding.AxisType.Auto
 set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh  # (jax.set_mesh from 0.7 on)
 

@@ -1,7 +1,7 @@
 """Native kernels: C functions that XLA calls with no Python and no GIL.
 
-The kernels come from ``_test_kernels.so`` (``csrc/test_kernels.c``, built and
-installed with the package), from a C file compiled here against the public
+The kernels come from ``tests/kernels/test_kernels.c`` (compiled for the tests by
+``_kernels.py``), from a C file compiled here against the public
 header, and from a numba cfunc. Every result is compared with an independent
 reference written in jax.numpy or NumPy, or checked with
 ``jax.test_util.check_grads``.
@@ -20,10 +20,11 @@ import jax.test_util
 import numpy as np
 import pytest
 
+import _kernels
 import jaxbind
 from _shared import errors_in_threads, sample
 
-LIB = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+LIB = _kernels.load()
 
 
 def assert_one_native_call(fn, *args):

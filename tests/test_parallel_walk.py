@@ -7,16 +7,16 @@ thread each element ran on. Results are checked against the input (the kernel co
 """
 
 import ctypes
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import _kernels
 import jaxbind
 
-LIB = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+LIB = _kernels.load()
 
 
 def copy_and_thread(x, **kwargs):

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import _kernels
 import jaxbind
 
 CALLS = []  # (callback name, [(shape, dtype) of each argument])
@@ -473,7 +474,7 @@ def test_n_residuals_is_part_of_the_op():
 
 
 def test_native_forward_with_a_residual(rng):
-    kernels = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+    kernels = _kernels.load()
 
     def triple_jvp(out, args, kwargs_dump):
         x, total, dx = args  # total = sum(x), written by the C kernel as a residual

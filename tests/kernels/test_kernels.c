@@ -1,5 +1,6 @@
 /*
- * Native kernels for jaxbind's own tests and benchmarks (not part of the API).
+ * Native kernels for jaxbind's own tests and benchmarks (not part of the API), compiled
+ * by tests/_kernels.py for the tests only (not installed with the package).
  * They are written against the public header only, as a user's kernels are.
  */
 #include <complex.h>
