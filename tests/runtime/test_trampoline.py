@@ -1,5 +1,6 @@
 """The compiled trampoline: dtypes, array views, call-site ids, errors from callbacks, threads."""
 
+import ctypes
 import threading
 
 import jax
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 import jaxbind
+import zoo
 from _shared import errors_in_threads, sample
 from jaxbind import _primitive
 
@@ -157,25 +159,33 @@ def test_repeated_kwargs_values_do_not_recompile():
     assert len(_primitive._sites) == sites_before + 3
 
 
-def test_equal_ops_share_compiled_code():
-    traces = []
+def _triple(out, args, kwargs_dump):
+    out[0][...] = 3 * args[0]
 
-    def triple(out, args, kwargs_dump):
-        out[0][...] = 3 * args[0]
+
+@pytest.mark.parametrize("kind", ["python", "native"])
+def test_equal_ops_share_compiled_code(kind):
+    traces = []
 
     def abstract(x, **kwargs):
         traces.append(1)
         return ((x.shape, x.dtype),)
 
-    op1 = jaxbind.get_linear_call(triple, triple, abstract, abstract)
-    op2 = jaxbind.get_linear_call(triple, triple, abstract, abstract)
+    if kind == "python":
+        f1 = f2 = _triple
+        kwargs, factor = {}, 3.0
+    else:  # two forms of one kernel (the forms that make equal kernels: test_user_kernels.py)
+        lib = zoo.LIB
+        f1, f2 = lib.jb_scale, jaxbind.native(ctypes.cast(lib.jb_scale, ctypes.c_void_p).value, name="jb_scale")
+        kwargs, factor = {"factor": 3.0}, 3.0
+    op1 = jaxbind.get_linear_call(f1, f1, abstract, abstract)
+    op2 = jaxbind.get_linear_call(f2, f2, abstract, abstract)
     assert op1 == op2 and hash(op1) == hash(op2) and op1 is not op2
-    other = jaxbind.get_linear_call(triple, triple, abstract, abstract, first_n_args_fixed=0,
-                                    func_can_batch=True)
+    other = jaxbind.get_linear_call(f1, f1, abstract, abstract, first_n_args_fixed=0, func_can_batch=True)
     assert op1 != other
     x = jnp.arange(4.0)
-    np.testing.assert_allclose(op1(x)[0], 3 * x)
-    np.testing.assert_allclose(op2(x)[0], 3 * x)
+    np.testing.assert_allclose(op1(x, **kwargs)[0], factor * x)
+    np.testing.assert_allclose(op2(x, **kwargs)[0], factor * x)
     assert len(traces) == 1
 
 
@@ -265,19 +275,22 @@ def test_unknown_call_site_is_an_error_not_a_crash():
         jax.block_until_ready(jax.jit(lambda x: call(x, session=session + 1, site=live))(x))
 
 
-def test_concurrent_calls_from_python_threads():
-    def square(out, args, kwargs_dump):
-        np.square(args[0], out=out[0])
+@pytest.mark.parametrize("kind", ["python", "native"])
+def test_concurrent_calls_from_python_threads(kind):
+    xsin = jax.jit(lambda v: zoo.NONLINEAR.apply(kind, v)[0])
+    scale = jax.jit(lambda v: zoo.SCALE.apply(kind, v)[0])
+    grad = jax.jit(jax.grad(lambda v: jnp.sum(zoo.NONLINEAR.apply(kind, v)[0])))
+    for f in (xsin, scale, grad):
+        f(jnp.ones(3))
 
-    op = jaxbind.get_nonlinear_call(square, (square, square), same_shape, same_shape)
-    f = jax.jit(lambda x: op(x)[0])
-    f(jnp.ones(3))
     def calls(seed):
-        for i in range(50):
-            x = jnp.full(3, float(seed + i))
-            np.testing.assert_allclose(f(x), np.full(3, float(seed + i) ** 2))
+        for i in range(30):
+            x = np.full(3, float(seed + i)) + np.arange(3.0)
+            np.testing.assert_allclose(xsin(x), x * np.sin(x), rtol=1e-12)
+            np.testing.assert_allclose(scale(x), zoo.FACTOR * x, rtol=1e-15)
+            np.testing.assert_allclose(grad(x), np.sin(x) + x * np.cos(x), rtol=1e-12)
 
-    assert errors_in_threads(calls, 4) == []
+    assert errors_in_threads(calls, 6) == []
 
 
 def test_call_on_xla_worker_thread():

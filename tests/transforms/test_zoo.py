@@ -184,6 +184,27 @@ def test_vmap_of_grad_and_grad_of_vmap(composed_case):
         case.close(gv(case.f)(*args), gv(case.ref)(*args))
 
 
+def test_vmap_of_jvp_and_vjp(composed_case):
+    case = composed_case
+    argnums = case.entry.argnums
+    args = case.batched_args(0)
+    tangents = case.batched_args(0, seed=60)
+    cts = [sample((5,) + np.shape(y), case.dtype, 80 + i) for i, y in enumerate(case.ref(*case.args))]
+
+    def jvp(f):
+        def run(*a):
+            args, ts = a[:len(case.args)], a[len(case.args):]
+            return jax.jvp(lambda *d: f(*[d[argnums.index(i)] if i in argnums else x for i, x in enumerate(args)]),
+                           tuple(args[i] for i in argnums), tuple(ts[i] for i in argnums))
+        return jax.vmap(run)
+
+    def vjp(f):
+        return jax.vmap(lambda *a: _pullback(f, a[:len(case.args)], argnums, tuple(a[len(case.args):])))
+
+    case.close(jvp(case.f)(*args, *tangents), jvp(case.ref)(*args, *tangents))
+    case.close(jax.jit(vjp(case.f))(*args, *cts), vjp(case.ref)(*args, *cts))  # batched (scalar) cotangents
+
+
 def test_vmapped_call_is_one_custom_call_without_loop(composed_case):
     case = composed_case
     def assert_one_call(fn, *args):
