@@ -248,19 +248,6 @@ def test_callback_returning_a_value_is_an_error():
         jax.block_until_ready(op(jnp.ones(2))[0])
 
 
-def test_callback_keeping_a_view_is_an_error():
-    kept = []
-
-    def hoard(out, args, kwargs_dump):
-        kept.append(args[0][1:])
-        out[0][...] = 0
-
-    op = jaxbind.get_linear_call(hoard, hoard, same_shape, same_shape)
-    with pytest.raises(RuntimeError, match=r"op 'hoard'.*kept a reference"):
-        jax.block_until_ready(op(jnp.ones(3))[0])
-    kept.clear()
-
-
 def test_unknown_call_site_is_an_error_not_a_crash():
     call = jax.ffi.ffi_call(_primitive.TARGET, jax.ShapeDtypeStruct((2,), jnp.float32))
     session = np.int64(jaxbind._trampoline.session())
