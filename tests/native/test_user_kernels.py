@@ -328,7 +328,7 @@ def test_kernel_form_names():
     unnamed = jaxbind.get_linear_call(jaxbind.native(SCALE_ADDRESS), LIB.jb_scale, like_last, like_last)
     assert f"{SCALE_ADDRESS:#x}" in unnamed.name
     fails = jaxbind.native(ctypes.cast(LIB.jb_fail, ctypes.c_void_p).value, name="my_failing_kernel")
-    bad = jaxbind.get_linear_call(fails, fails, like_first, like_first)  # not equal to fail_op
+    bad = jaxbind.get_linear_call(fails, fails, like_first, like_first)  # (not equal to an op of LIB.jb_fail, named 'jb_fail')
     with pytest.raises(RuntimeError, match=r"op 'my_failing_kernel'.*on purpose"):
         jax.block_until_ready(bad(np.ones(2))[0])
     with pytest.raises(RuntimeError, match=r"op 'my_failing_kernel'.*on purpose"):

@@ -211,32 +211,50 @@ def test_ops_differing_only_in_their_callback_are_unequal_and_keep_their_own_cod
     np.testing.assert_array_equal(jax.grad(lambda v: jnp.sum(triple(v)[0]))(x), np.full(3, 3.0))
 
 
-def test_callback_exception_names_op_and_process_survives():
-    def fragile(out, args, kwargs_dump):
-        if args[0][0] < 0:
-            raise ZeroDivisionError("negative input is not allowed here")
-        out[0][...] = args[0]
-
-    op = jaxbind.get_linear_call(fragile, fragile, same_shape, same_shape)
-    f = jax.jit(lambda x: op(x)[0])
-    with pytest.raises(RuntimeError) as info:
-        jax.block_until_ready(f(-jnp.ones(3)))
-    message = str(info.value)
-    assert "fragile" in message and "ZeroDivisionError" in message
-    assert "negative input is not allowed here" in message
-    np.testing.assert_allclose(f(jnp.ones(3)), np.ones(3))  # the next call works
+def _fragile(out, args, kwargs_dump):
+    if np.any(args[0] < 0):
+        raise ZeroDivisionError("negative input is not allowed here")
+    out[0][...] = args[0]
 
 
-def test_transpose_callback_error_names_the_transpose():
-    def fwd(out, args, kwargs_dump):
-        out[0][...] = args[0]
+def _broken_T(out, args, kwargs_dump):
+    raise KeyError("missing table")
 
-    def broken_T(out, args, kwargs_dump):
-        raise KeyError("missing table")
 
-    op = jaxbind.get_linear_call(fwd, broken_T, same_shape, same_shape)
-    with pytest.raises(RuntimeError, match=r"op 'fwd' \(transpose callback 'broken_T'\).*KeyError"):
-        jax.block_until_ready(jax.grad(lambda x: op(x)[0].sum())(jnp.ones(2)))
+@pytest.mark.parametrize("kind", ["python", "native"])
+def test_a_failing_callback_names_the_op_and_the_process_survives(kind):
+    """The error names the op and carries the callback's message (a Python exception, a
+    kernel's jaxbind_fail), jitted, eager and under the batch walk; the next calls work."""
+    if kind == "python":
+        op = jaxbind.get_linear_call(_fragile, _fragile, same_shape, same_shape)
+        kwargs, eager_kwargs = {}, {}
+        message = eager_message = r"op '_fragile'.*ZeroDivisionError.*negative input is not allowed here"
+        works = jax.jit(lambda x: op(x)[0])
+    else:
+        op = jaxbind.get_linear_call(zoo.LIB.jb_fail, zoo.LIB.jb_fail, same_shape, same_shape)
+        kwargs, eager_kwargs = {"code": 42}, {}
+        message = r"op 'jb_fail'.*kernel failed on purpose \(code=42\)"
+        eager_message = r"op 'jb_fail'.*kernel failed on purpose \(code=-1\)"  # (the kwarg's default)
+        works = jax.jit(lambda x: zoo.SCALE.apply("native", x)[0] / zoo.FACTOR)
+    with pytest.raises(RuntimeError, match=message):
+        jax.block_until_ready(jax.jit(lambda v: op(v, **kwargs)[0])(-jnp.ones(3)))
+    with pytest.raises(RuntimeError, match=eager_message):
+        jax.block_until_ready(op(-jnp.ones(3), **eager_kwargs)[0])
+    with pytest.raises(RuntimeError, match=message):
+        jax.block_until_ready(jax.vmap(lambda v: op(v, **kwargs)[0])(-jnp.ones((4, 2))))
+    np.testing.assert_allclose(works(jnp.ones(3)), np.ones(3))
+
+
+@pytest.mark.parametrize("kind", ["python", "native"])
+def test_a_failing_transpose_is_named_as_the_ops_transpose(kind):
+    if kind == "python":
+        op = jaxbind.get_linear_call(_fragile, _broken_T, same_shape, same_shape)
+        message = r"op '_fragile' \(transpose callback '_broken_T'\).*KeyError.*missing table"
+    else:
+        op = jaxbind.get_linear_call(zoo.LIB.jb_scale, zoo.LIB.jb_fail, same_shape, same_shape)
+        message = r"op 'jb_scale' \(transpose callback 'jb_fail'\).*on purpose \(code=3\)"
+    with pytest.raises(RuntimeError, match=message):
+        jax.block_until_ready(jax.grad(lambda x: jnp.sum(op(x, code=3)[0]))(jnp.ones(2)))
 
 
 def test_callback_returning_a_value_is_an_error():
