@@ -221,12 +221,12 @@ ENTRIES = {e.name: e for e in (SCALE, FIXED, MULTILINEAR, TWO_OUTPUTS, NONLINEAR
 def cases(linear_only=False, reduced=False):
     """(entry name, kind, dtype) for every entry, kind and dtype of the zoo.
 
-    ``reduced``: for the slower compositions, the Python and native kinds only, in one
-    single and one double precision dtype (of those an entry has)."""
+    ``reduced``: for the slower compositions, one single and one double precision dtype
+    (of those an entry has)."""
     def dtypes(e):
         return [d for d in e.dtypes if d in TWO] or e.dtypes if reduced else e.dtypes
     return [(e.name, kind, dtype) for e in ENTRIES.values() if e.linear or not linear_only
-            for kind in e.ops if not reduced or kind in ("python", "native") for dtype in dtypes(e)]
+            for kind in e.ops for dtype in dtypes(e)]
 
 
 def case_id(case):

@@ -285,7 +285,11 @@ def test_concurrent_calls_from_python_threads(kind):
     xsin = jax.jit(lambda v: zoo.NONLINEAR.apply(kind, v)[0])
     scale = jax.jit(lambda v: zoo.SCALE.apply(kind, v)[0])
     grad = jax.jit(jax.grad(lambda v: jnp.sum(zoo.NONLINEAR.apply(kind, v)[0])))
-    for f in (xsin, scale, grad):
+    # and kernels long enough to overlap (~0.1 ms of work per call)
+    busy_op = jaxbind.get_linear_call(zoo.LIB.jb_busy, zoo.LIB.jb_busy, same_shape, same_shape)
+    busy = jax.jit(lambda v: busy_op(v, iterations=2000)[0]) if kind == "native" else None
+    busy_term = np.sin(np.arange(2000.0)).sum() / 2000
+    for f in (xsin, scale, grad) + ((busy,) if busy else ()):
         f(jnp.ones(3))
 
     def calls(seed):
@@ -294,6 +298,8 @@ def test_concurrent_calls_from_python_threads(kind):
             np.testing.assert_allclose(xsin(x), x * np.sin(x), rtol=1e-12)
             np.testing.assert_allclose(scale(x), zoo.FACTOR * x, rtol=1e-15)
             np.testing.assert_allclose(grad(x), np.sin(x) + x * np.cos(x), rtol=1e-12)
+            if busy:
+                np.testing.assert_allclose(busy(x), x + busy_term, rtol=1e-12, atol=1e-13)
 
     assert errors_in_threads(calls, 6) == []
 
