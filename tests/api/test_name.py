@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import _kernels
 import jaxbind
 
 
@@ -152,8 +151,8 @@ def test_equally_built_ops_with_different_names_report_their_own_name():
             jax.block_until_ready(jax.jit(lambda v, op=op: op(v)[0])(x))
 
 
-def test_native_kernel_op_takes_a_name():
-    lib = _kernels.load()
+def test_native_kernel_op_takes_a_name(kernels):
+    lib = kernels
     op = jaxbind.get_linear_call(lib.jb_scale, lib.jb_scale, like_last, like_last, name="native_scale")
     x = np.arange(3.0)
     np.testing.assert_allclose(jax.jit(lambda v: op(v, factor=4.0)[0])(x), 4 * x)

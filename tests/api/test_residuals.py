@@ -15,15 +15,11 @@ shapes and dtypes than the outputs). By the implicit function theorem
 iteration in ``jax.numpy``, differentiated by JAX through its steps.
 """
 
-import ctypes
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import _kernels
 import jaxbind
 
 CALLS = []  # (callback name, [(shape, dtype) of each argument])
@@ -473,8 +469,7 @@ def test_n_residuals_is_part_of_the_op():
 # ---------------------------------------------------------------------------
 
 
-def test_native_forward_with_a_residual(rng):
-    kernels = _kernels.load()
+def test_native_forward_with_a_residual(rng, kernels):
 
     def triple_jvp(out, args, kwargs_dump):
         x, total, dx = args  # total = sum(x), written by the C kernel as a residual
