@@ -64,6 +64,11 @@ class Case:
             return [0, 1]
         return [1] + [tuple(None if j == i else 0 for j in range(n)) for i in range(n)]
 
+    def unmapped_in_axes(self):
+        """For vmap of grad and grad of vmap: 0 and 1, or (two arguments) each one unmapped."""
+        n = len(self.args)
+        return [0, 1] if n == 1 else [tuple(None if j == i else 1 for j in range(n)) for i in range(n)]
+
 
 CASES = zoo.cases()
 LINEAR = zoo.cases(linear_only=True)
@@ -166,14 +171,15 @@ def test_nested_vmap(composed_case):
         def nest(f):
             return jax.vmap(jax.vmap(f, in_axes=inner), in_axes=outer)
         want = nest(case.ref)(*args)
-        case.close(nest(case.f)(*args), want)
+        if (outer, inner) == (0, 1):
+            case.close(nest(case.f)(*args), want)  # (eager once)
         case.close(jax.jit(nest(case.f))(*args), want)
 
 
 def test_vmap_of_grad_and_grad_of_vmap(composed_case):
     case = composed_case
     argnums = case.entry.argnums
-    for in_axes in case.mixed_in_axes():
+    for in_axes in case.unmapped_in_axes():
         args = case.batched_args(in_axes, size=4)
         if isinstance(in_axes, tuple) and all(in_axes[i] is None for i in argnums):
             continue
@@ -222,8 +228,9 @@ def test_vmapped_call_is_one_custom_call_without_loop(composed_case):
                                        a[d])[1](ys)[0], *args)
 
 
-def test_check_op(composed_case):
-    case = composed_case
+@pytest.mark.parametrize("case_", [c for c in REDUCED if c[1] in ("python", "native")], ids=zoo.case_id)
+def test_check_op(case_):
+    case = Case(*case_)
     check_op(case.entry.ops[case.kind], *case.args, **case.entry.kwargs)
 
 
