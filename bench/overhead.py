@@ -15,7 +15,6 @@ does real programs). Results are checked once, outside the timing, on random dat
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import platform
@@ -43,7 +42,10 @@ except ImportError:  # older jax
 # y = 2 x applied a million times overflows to inf: harmless here (and NumPy's
 # error state is per thread, so silence the warning rather than np.seterr).
 warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
-KERNELS = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
+import _kernels  # noqa: E402  (tests/_kernels.py: the test kernels, compiled once)
+
+KERNELS = _kernels.load()
 TARGET_SECONDS = 0.1
 REPEATS = 5
 

@@ -18,7 +18,6 @@ Run:  python bench/scaling.py [--quick] [--json bench/results-scaling.json]
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import platform
@@ -35,7 +34,10 @@ import numpy as np  # noqa: E402
 import jaxbind  # noqa: E402
 from _timing import median_seconds  # noqa: E402  (bench/ is the script folder)
 
-KERNELS = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
+import _kernels  # noqa: E402  (tests/_kernels.py: the test kernels, compiled once)
+
+KERNELS = _kernels.load()
 
 
 def same_shape(x, **kwargs):

@@ -15,7 +15,6 @@ status of each child; exits non-zero when anything is off.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import subprocess
 import sys
@@ -30,7 +29,10 @@ import jax.numpy as jnp
 import jaxbind
 
 jax.config.update("jax_enable_x64", True)
-LIB = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
+import _kernels  # noqa: E402  (tests/_kernels.py: the test kernels, compiled once)
+
+LIB = _kernels.load()
 
 
 def same_shape(*args, **kwargs):

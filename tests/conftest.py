@@ -11,6 +11,8 @@ import jax.test_util
 import numpy as np
 import pytest
 
+import _kernels
+
 jax.config.update("jax_enable_x64", True)
 
 ALL_DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
@@ -64,3 +66,11 @@ def check_grads(dtype):
     """
     eps = 1e-2 if dtype in SINGLE_PRECISION else 1e-5
     return functools.partial(jax.test_util.check_grads, eps=eps)
+
+
+@pytest.fixture(scope="session")
+def kernels():
+    """The test kernels (``kernels/test_kernels.c``) as a ``ctypes.CDLL``, compiled once.
+
+    Modules that make ops at import call ``_kernels.load()`` (the same library)."""
+    return _kernels.load()

@@ -208,6 +208,10 @@ KEEPERS = {
     "np.from_dlpack of an output": lambda out, args: [np.from_dlpack(out[0])] * 2,
     "a memoryview": lambda out, args: [memoryview(out[0])] * 2,
     "an array over a memoryview of a slice": lambda out, args: [np.asarray(memoryview(out[0][1:]))] * 2,
+    "an output itself": lambda out, args: [out[0]] * 2,
+    "a transposed input": lambda out, args: [args[0].T] * 2,
+    "an array over a memoryview": lambda out, args: [np.asarray(memoryview(out[0]))] * 2,
+    "the whole tuple of outputs": lambda out, args: (out,) * 2,
 }
 
 
@@ -249,7 +253,11 @@ def test_a_real_keep_is_reported_and_every_alias_is_cut_off(keeper):
     np.testing.assert_array_equal(f(x), 2 * np.arange(8.0))
     with pytest.raises(RuntimeError, match=r"op 'hoard'.*kept a reference"):
         jax.block_until_ready(jax.jit(lambda x: op(x, keep=True)[0])(x + 1))
-    reached = _reaching(KEPT[0])
+    if keeper == "a slice":  # (an eager call too)
+        with pytest.raises(RuntimeError, match=r"op 'hoard'.*kept a reference"):
+            jax.block_until_ready(op(x + 2, keep=True)[0])
+        assert len(KEPT) == 2
+    reached = _reaching(KEPT)
     assert reached or keeper == "a weak reference", "the keeper kept nothing to check"
     for array in reached:
         _assert_cut_off(array)

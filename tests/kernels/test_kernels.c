@@ -1,5 +1,6 @@
 /*
- * Native kernels for jaxbind's own tests and benchmarks (not part of the API).
+ * Native kernels for jaxbind's own tests and benchmarks (not part of the API), compiled
+ * by tests/_kernels.py for the tests only (not installed with the package).
  * They are written against the public header only, as a user's kernels are.
  */
 #include <complex.h>
@@ -66,6 +67,32 @@ EXPORT int jb_scale(const jaxbind_call *call) {
     }
     default:
       return jaxbind_fail(call, "jb_scale: unsupported dtype code %lld", (long long)x->dtype);
+  }
+}
+
+/* out[0] = in[0] * in[1] elementwise (real and complex floats, both of out[0]'s dtype).
+ * Bilinear; each transpose is the same product (the other factor times the cotangent). */
+EXPORT int jb_multiply(const jaxbind_call *call) {
+  if (check_counts(call, 2, 1)) return 1;
+  const jaxbind_array *a = &call->in[0], *b = &call->in[1];
+  jaxbind_array *y = &call->out[0];
+  if (check_dtypes(call, "jb_multiply", call->in, 2, y->dtype)) return 1;
+  const int64_t n = jaxbind_size(y);
+  if (jaxbind_size(a) != n || jaxbind_size(b) != n) return jaxbind_fail(call, "jb_multiply: sizes differ");
+  switch (y->dtype) {
+#define JB_MULTIPLY(CODE, T) \
+    case CODE: { \
+      const T *p = a->data, *q = b->data; T *r = y->data; \
+      for (int64_t i = 0; i < n; ++i) r[i] = p[i] * q[i]; \
+      return 0; \
+    }
+    JB_MULTIPLY(JAXBIND_FLOAT32, float)
+    JB_MULTIPLY(JAXBIND_FLOAT64, double)
+    JB_MULTIPLY(JAXBIND_COMPLEX64, float complex)
+    JB_MULTIPLY(JAXBIND_COMPLEX128, double complex)
+#undef JB_MULTIPLY
+    default:
+      return jaxbind_fail(call, "jb_multiply: unsupported dtype code %lld", (long long)y->dtype);
   }
 }
 
@@ -180,13 +207,15 @@ EXPORT int jb_kwargs_probe(const jaxbind_call *call) {
 }
 
 /* func_can_batch: y = factor * x elementwise (float64), and the batch layout
- * checked against the shapes: every batch axis must be a valid axis. Writes
- * batch_levels into every entry of out[1] (int64), -1 when the kwargs are missing. */
+ * checked against the shapes: every batch axis must be a valid axis. With a
+ * second output (int64), writes batch_levels into every entry of it, -1 when the
+ * kwargs are missing; with one output it is its own transpose. */
 EXPORT int jb_batched_scale(const jaxbind_call *call) {
-  if (check_counts(call, 1, 2)) return 1;
+  if (call->n_out != 1 && check_counts(call, 1, 2)) return 1;
+  if (call->n_in < 1) return jaxbind_fail(call, "jb_batched_scale: no input");
   if (check_dtypes(call, "jb_batched_scale", call->in, call->n_in, JAXBIND_FLOAT64) ||
       check_dtypes(call, "jb_batched_scale", call->out, 1, JAXBIND_FLOAT64) ||
-      check_dtypes(call, "jb_batched_scale", call->out + 1, 1, JAXBIND_INT64)) return 1;
+      check_dtypes(call, "jb_batched_scale", call->out + 1, call->n_out - 1, JAXBIND_INT64)) return 1;
 
   const jaxbind_kwarg *levels = jaxbind_find_kwarg(call, "batch_levels");
   const jaxbind_kwarg *axes = jaxbind_find_kwarg(call, "batch_axes");
@@ -202,6 +231,7 @@ EXPORT int jb_batched_scale(const jaxbind_call *call) {
   const double factor = jaxbind_kwarg_float(call, "factor", 2.0);
   const double *x = call->in[call->n_in - 1].data; double *y = call->out[0].data;
   for (int64_t i = 0, n = jaxbind_size(&call->in[call->n_in - 1]); i < n; ++i) y[i] = factor * x[i];
+  if (call->n_out == 1) return 0;
   int64_t *levels_out = call->out[1].data;  /* batched too under vmap: every entry */
   for (int64_t i = 0, n = jaxbind_size(&call->out[1]); i < n; ++i) levels_out[i] = nlev;
   return 0;
@@ -235,10 +265,22 @@ EXPORT int jb_double(const jaxbind_call *call) {
 /* Does nothing (benchmarks: the pure overhead). */
 EXPORT int jb_empty(const jaxbind_call *call) { (void)call; return 0; }
 
+/* Calls of jb_busy_thread since the last jb_busy_thread_calls(1) (atomic: the walk runs
+ * elements on several threads at once). */
+static int64_t busy_thread_calls = 0;
+
+/* The number of jb_busy_thread calls so far; reset to 0 afterwards when `reset` is nonzero. */
+EXPORT int64_t jb_busy_thread_calls(int reset) {
+  return reset ? __atomic_exchange_n(&busy_thread_calls, 0, __ATOMIC_SEQ_CST)
+               : __atomic_load_n(&busy_thread_calls, __ATOMIC_SEQ_CST);
+}
+
 /* The parallel walk (tests): about `iterations` (kwarg, default 20000) of busy work, then
  * out[0] = in[0] (float64) and out[1] = an id of the thread that ran it (int64 scalar).
- * Fails, naming the value, when in[0][0] < kwarg "fail_below" (default: never). */
+ * Fails, naming the value, when in[0][0] < kwarg "fail_below" (default: never). Every
+ * call is counted (jb_busy_thread_calls). */
 EXPORT int jb_busy_thread(const jaxbind_call *call) {
+  __atomic_fetch_add(&busy_thread_calls, 1, __ATOMIC_SEQ_CST);
   if (check_counts(call, 1, 2)) return 1;
   if (call->in[0].dtype != JAXBIND_FLOAT64 || call->out[0].dtype != JAXBIND_FLOAT64 ||
       call->out[1].dtype != JAXBIND_INT64 || call->out[1].rank != 0)

@@ -6,8 +6,6 @@ apart. The name is part of the op's identity: ops that differ only in name are
 different ops, so each error and each program carries its own op's name.
 """
 
-import ctypes
-import os
 
 import jax
 import jax.numpy as jnp
@@ -153,8 +151,8 @@ def test_equally_built_ops_with_different_names_report_their_own_name():
             jax.block_until_ready(jax.jit(lambda v, op=op: op(v)[0])(x))
 
 
-def test_native_kernel_op_takes_a_name():
-    lib = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+def test_native_kernel_op_takes_a_name(kernels):
+    lib = kernels
     op = jaxbind.get_linear_call(lib.jb_scale, lib.jb_scale, like_last, like_last, name="native_scale")
     x = np.arange(3.0)
     np.testing.assert_allclose(jax.jit(lambda v: op(v, factor=4.0)[0])(x), 4 * x)

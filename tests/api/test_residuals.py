@@ -15,9 +15,6 @@ shapes and dtypes than the outputs). By the implicit function theorem
 iteration in ``jax.numpy``, differentiated by JAX through its steps.
 """
 
-import ctypes
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -363,6 +360,79 @@ def test_jacfwd_of_func_can_batch_with_residuals(rng):
                                jax.jacfwd(jax.vmap(jnp.exp, in_axes=1))(x), rtol=1e-12)
 
 
+def _to_front(args, batch_axes):
+    """Each input's (one) batch axis moved to the front, or a size-1 one added there."""
+    return [np.moveaxis(a, axes[-1], 0) if axes else a[None] for a, axes in zip(args, batch_axes)]
+
+
+def exp_transposed(out, args, kwargs_dump):
+    """exp, its output's batch axis last and its residual's first (one level)."""
+    (x,) = args
+    axes = jaxbind.load_kwargs(kwargs_dump)["batch_axes"]
+    if not axes:
+        out[0][...] = out[1][...] = np.exp(x)
+        return
+    e = np.exp(np.moveaxis(x, axes[0][-1], 0))
+    out[0][...] = np.moveaxis(e, 0, -1)
+    out[1][...] = e
+
+
+def exp_transposed_jvp(out, args, kwargs_dump):  # (x, residual, dx) -> dy, batch last
+    axes = jaxbind.load_kwargs(kwargs_dump)["batch_axes"]
+    if not axes:
+        out[0][...] = args[1] * args[2]
+        return
+    _, r, dx = _to_front(args, axes)
+    out[0][...] = np.moveaxis(r * dx, 0, -1)
+
+
+def exp_transposed_vjp(out, args, kwargs_dump):  # (x, residual, y_ct) -> x_ct, in x's layout
+    axes = jaxbind.load_kwargs(kwargs_dump)["batch_axes"]
+    if not axes:
+        out[0][...] = args[1] * args[2]
+        return
+    _, r, ct = _to_front(args, axes)
+    out[0][...] = np.moveaxis(r * ct, 0, axes[0][-1]) if axes[0] else np.sum(r * ct, axis=0)
+
+
+def _moved(shape, src, dst):
+    return tuple(np.moveaxis(np.empty(shape, np.int8), src, dst).shape)
+
+
+def exp_transposed_abstract(x, *, batch_axes):
+    if not batch_axes:
+        return ((x.shape, x.dtype, 0), (x.shape, x.dtype, 0))
+    a = batch_axes[0][-1]
+    return ((_moved(x.shape, a, -1), x.dtype, len(x.shape) - 1), (_moved(x.shape, a, 0), x.dtype, 0))
+
+
+def exp_transposed_abstract_reverse(x, r, ct, *, batch_axes):
+    return ((x.shape, x.dtype, batch_axes[0][-1] if batch_axes else 0),)
+
+
+exp_transposed_op = jaxbind.get_nonlinear_call(
+    exp_transposed, (exp_transposed_jvp, exp_transposed_vjp), exp_transposed_abstract,
+    exp_transposed_abstract_reverse, func_can_batch=True, n_residuals=1,
+)
+
+
+def test_func_can_batch_residual_laid_out_unlike_the_output(rng):
+    """The residual's batch axis first, the output's last: the jvp gets the residual where f
+    put it (read as the output's layout, its values or shape come out wrong)."""
+    x = rng.standard_normal((3, 4, 2))
+    dx = rng.standard_normal((3, 4, 2))
+    op = lambda x: exp_transposed_op(x)[0]  # noqa: E731
+    got = jax.jvp(jax.vmap(op, in_axes=1), (x,), (dx,))
+    want = jax.jvp(jax.vmap(jnp.exp, in_axes=1), (x,), (dx,))
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-12)
+    got = jax.jit(lambda x, dx: jax.jvp(jax.vmap(op, in_axes=1, out_axes=2), (x,), (dx,)))(x, dx)
+    np.testing.assert_allclose(got[1], jnp.moveaxis(jnp.exp(x) * dx, 1, 2), rtol=1e-12)
+    grad = jax.grad(lambda x: jnp.sum(jnp.sin(jax.vmap(op, in_axes=1)(x))))(x)
+    np.testing.assert_allclose(grad, jnp.cos(jnp.exp(x)) * jnp.exp(x), rtol=1e-12)
+
+
 # ---------------------------------------------------------------------------
 # Errors name the op
 # ---------------------------------------------------------------------------
@@ -399,8 +469,7 @@ def test_n_residuals_is_part_of_the_op():
 # ---------------------------------------------------------------------------
 
 
-def test_native_forward_with_a_residual(rng):
-    kernels = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+def test_native_forward_with_a_residual(rng, kernels):
 
     def triple_jvp(out, args, kwargs_dump):
         x, total, dx = args  # total = sum(x), written by the C kernel as a residual

@@ -7,16 +7,16 @@ thread each element ran on. Results are checked against the input (the kernel co
 """
 
 import ctypes
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import _kernels
 import jaxbind
 
-LIB = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+LIB = _kernels.load()
 
 
 def copy_and_thread(x, **kwargs):
@@ -36,6 +36,26 @@ def test_long_walk_is_correct_and_uses_more_than_one_thread():
     y, threads = walk(x, iterations=20000)
     np.testing.assert_array_equal(y, x)  # every element written once, at its own place
     assert len(set(np.asarray(threads).tolist())) > 1, "the walk ran on one thread only"
+
+
+def test_a_parallel_walk_calls_the_kernel_once_per_element():
+    # Counted in the kernel: a chunk that ran past the batch end and wrapped onto element 0
+    # would call it twice there (with correct values, so only the count shows it).
+    LIB.jb_busy_thread_calls.restype = ctypes.c_int64
+    LIB.jb_busy_thread_calls.argtypes = [ctypes.c_int]
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((64, 5)))
+    f = jax.jit(jax.vmap(lambda r: busy_thread(r, iterations=20000)))
+    jax.block_until_ready(f(x))  # compiled, and the counter
+    LIB.jb_busy_thread_calls(1)  # reset
+    for _ in range(3):
+        y, threads = jax.block_until_ready(f(x))
+        np.testing.assert_array_equal(y, x)
+        assert LIB.jb_busy_thread_calls(1) == 64
+    assert len(set(np.asarray(threads).tolist())) > 1, "the walk ran on one thread only"
+    # Nested: 4 x 16 elements in one walk.
+    g = jax.jit(jax.vmap(jax.vmap(lambda r: busy_thread(r, iterations=20000)[0])))
+    np.testing.assert_array_equal(jax.block_until_ready(g(x.reshape(4, 16, 5))), x.reshape(4, 16, 5))
+    assert LIB.jb_busy_thread_calls(1) == 64
 
 
 @pytest.mark.parametrize("shape", [(3, 2, 4), (2, 1, 3, 5), (17, 1)])

@@ -4,7 +4,6 @@ Bounded for CI (40 examples per test, derandomized so that a run is reproducible
 set JAXBIND_PROPERTY_EXAMPLES to search further.
 """
 
-import ctypes
 import os
 
 import jax
@@ -16,10 +15,11 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+import _kernels  # noqa: E402
 import jaxbind  # noqa: E402
 from _shared import sample  # noqa: E402
 
-LIB = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+LIB = _kernels.load()
 # Examples per test: JAXBIND_PROPERTY_EXAMPLES (default 40; each compiles a program or two).
 EXAMPLES = int(os.environ.get("JAXBIND_PROPERTY_EXAMPLES", "40"))
 BOUNDED = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None)

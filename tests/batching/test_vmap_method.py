@@ -357,12 +357,9 @@ def test_nested_level_mismatch_names_the_level():
 
 
 @pytest.mark.parametrize("method", ["expand_dims", "broadcast_all"])
-def test_native_kernel_gets_the_whole_batch(method):
+def test_native_kernel_gets_the_whole_batch(method, kernels):
     """A native kernel is called once on the whole arrays, with no batch kwargs."""
-    import ctypes
-    import os
-
-    lib = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+    lib = kernels
     op = jaxbind.get_linear_call(lib.jb_scale, lib.jb_scale, like_last, like_last, first_n_args_fixed=1,
                                  vmap_method=method)  # out = factor * (the last input)
     w, X = jnp.ones(3), jnp.asarray(np.random.default_rng(0).standard_normal((5, 3)))

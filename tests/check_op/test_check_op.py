@@ -5,18 +5,17 @@ AssertionError naming the op, the check and the argument, with the measured
 error. The correct ops are checked on their own and their summaries read.
 """
 
-import ctypes
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import _kernels
 import jaxbind
 from jaxbind.testing import check_op
 
-LIB = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+LIB = _kernels.load()
 RNG = np.random.default_rng(7)
 A = RNG.standard_normal((4, 3))
 SQUARE = RNG.standard_normal((3, 3))  # not symmetric

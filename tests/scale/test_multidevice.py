@@ -19,15 +19,17 @@ import _multidevice_cases
 import jaxbind
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)  # the shared helpers (_kernels.py)
 TIMEOUT = 900  # seconds, for a whole subprocess: a hang fails instead of blocking CI
 
 
 def _environment(devices):
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
-    # The jaxbind this test imported (installed, or a development tree) and the helpers here.
+    # The jaxbind this test imported (installed, or a development tree) and the helpers here
+    # and in tests/.
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(jaxbind.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, package_root, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, TESTS, package_root, env.get("PYTHONPATH")]))
     env.pop("JAX_PLATFORMS", None)
     return env
 

@@ -1,6 +1,5 @@
 """The checking mode (``jaxbind.config.check_unwritten``): outputs a callback or kernel leaves unwritten."""
 
-import ctypes
 import os
 import subprocess
 import sys
@@ -10,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import _kernels
 import jaxbind
 
-LIB = ctypes.CDLL(os.path.join(os.path.dirname(jaxbind.__file__), "_test_kernels.so"))
+LIB = _kernels.load()
 
 
 @pytest.fixture
