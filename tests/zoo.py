@@ -232,3 +232,23 @@ def cases(linear_only=False, reduced=False):
 def case_id(case):
     name, kind, dtype = case
     return f"{name}-{kind}-{np.dtype(dtype).name}"
+
+
+# The native scale op the native tests share (jb_scale with the zoo's factor), and a loss for grads.
+TIGHT = dict(rtol=1e-12, atol=1e-13)
+scale_op = jaxbind.get_linear_call(LIB.jb_scale, LIB.jb_scale, like_last, like_last)
+
+
+def reference_scale(x):
+    return FACTOR * x
+
+
+def loss_of(f):
+    """A real loss of a (possibly complex) array through ``f`` (the real*imag term
+    catches a missing or spurious conjugation)."""
+
+    def loss(x):
+        y = f(x)
+        return jnp.sum(jnp.abs(y) ** 2) + jnp.sum(jnp.real(y) * jnp.imag(y)) + jnp.sum(jnp.real(y))
+
+    return loss

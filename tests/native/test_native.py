@@ -20,6 +20,7 @@ import pytest
 import _kernels
 import jaxbind
 from _shared import sample
+from zoo import scale_op
 
 LIB = _kernels.load()
 
@@ -39,30 +40,6 @@ def like_last(*args, **kwargs):
 def like_first(*args, **kwargs):
     """One output shaped like the first argument."""
     return ((args[0].shape, args[0].dtype),)
-
-
-FACTOR = -1.75
-TIGHT = dict(rtol=1e-12, atol=1e-13)
-scale_op = jaxbind.get_linear_call(LIB.jb_scale, LIB.jb_scale, like_last, like_last)
-
-
-def native_scale(x):
-    return scale_op(x, factor=FACTOR)[0]
-
-
-def reference_scale(x):
-    return FACTOR * x
-
-
-def loss_of(f):
-    """A real loss of a (possibly complex) array through ``f`` (the real*imag term
-    catches a missing or spurious conjugation)."""
-
-    def loss(x):
-        y = f(x)
-        return jnp.sum(jnp.abs(y) ** 2) + jnp.sum(jnp.real(y) * jnp.imag(y)) + jnp.sum(jnp.real(y))
-
-    return loss
 
 
 # ---------------------------------------------------------------------------

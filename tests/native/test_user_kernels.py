@@ -16,31 +16,9 @@ import pytest
 
 import _kernels
 import jaxbind
-from zoo import FACTOR, like_first, like_last
+from zoo import FACTOR, TIGHT, like_first, like_last, loss_of, reference_scale
 
 LIB = _kernels.load()
-TIGHT = dict(rtol=1e-12, atol=1e-13)
-scale_op = jaxbind.get_linear_call(LIB.jb_scale, LIB.jb_scale, like_last, like_last)
-
-
-def native_scale(x):
-    return scale_op(x, factor=FACTOR)[0]
-
-
-def reference_scale(x):
-    return FACTOR * x
-
-
-def loss_of(f):
-    """A real loss of a (possibly complex) array through ``f``."""
-
-    def loss(x):
-        y = f(x)
-        return jnp.sum(jnp.abs(y) ** 2) + jnp.sum(jnp.real(y) * jnp.imag(y)) + jnp.sum(jnp.real(y))
-
-    return loss
-
-
 # ---------------------------------------------------------------------------
 # 9. A kernel written and compiled by the user against the public header
 # ---------------------------------------------------------------------------
