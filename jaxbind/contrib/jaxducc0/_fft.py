@@ -61,31 +61,38 @@ def _same_layout(x, batch_axes):
     return ((x.shape, x.dtype, batch_axes[0][-1]),)
 
 
-_C2C_KWARGS = ("axes", "forward", "inorm", "nthreads")
+def _symmetric_transform(name, dtypes, options=()):
+    """A natively batched op computing ``ducc0.fft.<name>(x, axes, inorm, nthreads, *options)``, its own transpose.
+
+    ``dtypes``: the input dtypes accepted; ``options``: ``(kwarg, default,
+    convert)`` triples passed to ``transform`` beside the common ones.
+    """
+    allowed = ("axes", "inorm", "nthreads") + tuple(option for option, _, _ in options)
+
+    def abstract(x, *, batch_axes=None, **kwargs):
+        _check_kwargs(kwargs, allowed)
+        _check_dtype("the input", x.dtype, dtypes)
+        _check_inorm(kwargs.get("inorm", 0))
+        _transform_axes(len(x.shape), batch_axes, kwargs.get("axes"))
+        return _same_layout(x, batch_axes)
+
+    def callback(out, args, kwargs_dump):
+        (x,) = args
+        kw = load_kwargs(kwargs_dump)
+        getattr(ducc0.fft, name)(  # looked up per call, as a user patching ducc0 expects
+            x,
+            axes=_transform_axes(x.ndim, kw.get("batch_axes"), kw.get("axes")),
+            inorm=kw.get("inorm", 0),
+            nthreads=kw.get("nthreads", 1),
+            out=out[0],
+            **{option: convert(kw.get(option, default)) for option, default, convert in options},
+        )
+
+    callback.__name__ = abstract.__name__ = f"_{name}"
+    return get_linear_call(callback, callback, abstract, abstract, func_can_batch=True, name=f"jaxducc0.{name}")
 
 
-def _c2c_abstract(x, *, batch_axes=None, **kwargs):
-    _check_kwargs(kwargs, _C2C_KWARGS)
-    _check_dtype("the input", x.dtype, tuple(_REAL_OF))
-    _check_inorm(kwargs.get("inorm", 0))
-    _transform_axes(len(x.shape), batch_axes, kwargs.get("axes"))
-    return _same_layout(x, batch_axes)
-
-
-def _c2c(out, args, kwargs_dump):
-    (x,) = args
-    kw = load_kwargs(kwargs_dump)
-    ducc0.fft.c2c(
-        x,
-        axes=_transform_axes(x.ndim, kw.get("batch_axes"), kw.get("axes")),
-        forward=bool(kw.get("forward", True)),
-        inorm=kw.get("inorm", 0),
-        nthreads=kw.get("nthreads", 1),
-        out=out[0],
-    )
-
-
-c2c = get_linear_call(_c2c, _c2c, _c2c_abstract, _c2c_abstract, func_can_batch=True, name="jaxducc0.c2c")
+c2c = _symmetric_transform("c2c", tuple(_REAL_OF), options=(("forward", True, bool),))
 c2c.__doc__ = """Complex FFT of ``x`` (``ducc0.fft.c2c``) as a linear jaxbind op.
 
 ``c2c(x, axes=None, forward=True, inorm=0, nthreads=1)`` returns ``[y]``, ``y``
@@ -105,32 +112,7 @@ The op is its own transpose (the DFT matrix is symmetric).
 """
 
 
-_FHT_KWARGS = ("axes", "inorm", "nthreads")
-
-
-def _fht_abstract(x, *, batch_axes=None, **kwargs):
-    _check_kwargs(kwargs, _FHT_KWARGS)
-    _check_dtype("the input", x.dtype, tuple(_COMPLEX_OF))
-    _check_inorm(kwargs.get("inorm", 0))
-    _transform_axes(len(x.shape), batch_axes, kwargs.get("axes"))
-    return _same_layout(x, batch_axes)
-
-
-def _fht(out, args, kwargs_dump):
-    (x,) = args
-    kw = load_kwargs(kwargs_dump)
-    ducc0.fft.genuine_fht(
-        x,
-        axes=_transform_axes(x.ndim, kw.get("batch_axes"), kw.get("axes")),
-        inorm=kw.get("inorm", 0),
-        nthreads=kw.get("nthreads", 1),
-        out=out[0],
-    )
-
-
-genuine_fht = get_linear_call(
-    _fht, _fht, _fht_abstract, _fht_abstract, func_can_batch=True, name="jaxducc0.genuine_fht"
-)
+genuine_fht = _symmetric_transform("genuine_fht", tuple(_COMPLEX_OF))
 genuine_fht.__doc__ = """Hartley transform of ``x`` (``ducc0.fft.genuine_fht``) as a linear jaxbind op.
 
 ``genuine_fht(x, axes=None, inorm=0, nthreads=1)`` returns ``[y]``, ``y`` of
