@@ -20,7 +20,7 @@ _ffi_lowerings = {target: jax.ffi.ffi_lowering(target) for target in (TARGET, AS
 _sites: dict = {}
 
 
-def site_for(role: Role, kwargs: Kwargs, batch: Batch, avals_in, padded: bool = False) -> int:
+def site_for(role: Role, kwargs: Kwargs, batch: Batch, avals_in, avals_out, padded: bool = False) -> int:
     """The registry id of the call site, registered on first use.
 
     ``padded``: the call's last operand is the validity operand of a batch XLA
@@ -35,8 +35,9 @@ def site_for(role: Role, kwargs: Kwargs, batch: Batch, avals_in, padded: bool = 
         valid_levels = batch.levels if padded else 0
         if isinstance(callback, NativeKernel):
             entries = kernel_kwargs(kwargs.values, role.label, batch_axes, len(avals_in) - padded, can_batch)
-            site = _trampoline.register_site(role.label, None, b"", *layout, callback.address, entries,
-                                             valid_levels)
+            address = callback.address_for(tuple(avals_in[:len(avals_in) - padded]), tuple(avals_out),
+                                           kwargs.values)
+            site = _trampoline.register_site(role.label, None, b"", *layout, address, entries, valid_levels)
         else:
             dump = kwargs.with_values(batch_axes=batch_axes).dump if can_batch else kwargs.dump
             site = _trampoline.register_site(role.label, callback, dump, *layout, 0, [], valid_levels)
@@ -87,7 +88,7 @@ def jaxbind_lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
     if padded:  # padding elements must never reach the callback
         value, aval = _validity(ctx, levels, padded)
         args, avals_in = (*args, value), (*avals_in, aval)
-    site = site_for(role, kwargs, batch, avals_in, bool(padded))
+    site = site_for(role, kwargs, batch, avals_in, ctx.avals_out, bool(padded))
     rule = _ffi_lowerings[target] if not levels else jax.ffi.ffi_lowering(
         target, extra_attributes=batch_partitioning_attributes(ctx, levels, avals_in))
     results = rule(ctx.replace(avals_in=avals_in), *args, session=SESSION, site=np.int64(site))

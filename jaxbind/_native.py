@@ -54,6 +54,14 @@ class NativeKernel:
     def _key(self):
         return (self.address, self.__name__, self.concurrent)
 
+    def address_for(self, in_avals, out_avals, kwargs: dict) -> int:
+        """The address to call for one call site: its inputs' and outputs' avals and its kwargs.
+
+        A plain kernel has one address; a kernel compiled per signature (e.g.
+        from Python with numba) compiles or looks up the one for these.
+        """
+        return self.address
+
     def __eq__(self, other):
         return isinstance(other, NativeKernel) and self._key() == other._key()
 
