@@ -55,13 +55,4 @@ ffi::Error ErrorText(const Site* site, const std::string& what) {
   return ffi::Error(ffi::ErrorCode::kInternal, "jaxbind " + name + ": " + what);
 }
 
-ffi::Error UnknownSite(int64_t session, int64_t site_id) {
-  return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                    "jaxbind: the compiled program names call site " + std::to_string(site_id) +
-                        (session == g_session ? std::string(", which is not registered")
-                                              : std::string(" of another process")) +
-                        "; programs that call jaxbind ops run only in the process that "
-                        "compiled them (trace and compile them again here)");
-}
-
 }  // namespace

@@ -38,11 +38,22 @@ struct RawFrame : ffi::RemainingArgs, ffi::RemainingRets {
   }
 };
 
+// The site a program's key names: this process's, made now from the call's
+// description if this process has none yet (a program made elsewhere).
+const AnySite* SiteOf(int64_t key, std::string_view call, ffi::Error* error) {
+  if (const AnySite* site = LookupSite(key)) return site;
+  std::string why;
+  const AnySite* site = ResolveSite(key, call, &why);
+  if (site == nullptr) *error = ffi::Error(ffi::ErrorCode::kInvalidArgument, why);
+  return site;
+}
+
 // The one XLA handler for every jaxbind op.
-ffi::Error Dispatch(ffi::ThreadPool pool, int64_t session, int64_t site_id,
+ffi::Error Dispatch(ffi::ThreadPool pool, std::string_view call, int64_t key,
                     ffi::RemainingArgs args, ffi::RemainingRets rets) {
-  const AnySite* entry = LookupSite(session, site_id);
-  if (entry == nullptr) return UnknownSite(session, site_id);
+  ffi::Error unresolved = ffi::Error::Success();
+  const AnySite* entry = SiteOf(key, call, &unresolved);
+  if (entry == nullptr) return unresolved;
   const Site& site = Common(*entry);
   const XLA_FFI_Args* raw_args = RawFrame::Args(args);
   const XLA_FFI_Rets* raw_rets = RawFrame::Rets(rets);
@@ -64,16 +75,22 @@ ffi::Error Dispatch(ffi::ThreadPool pool, int64_t session, int64_t site_id,
 
 // The handler for concurrent native kernels: the kernel runs on XLA's
 // thread pool, and XLA goes on with independent work until it completes.
-ffi::Future DispatchAsync(ffi::ThreadPool pool, int64_t session, int64_t site_id,
+ffi::Future DispatchAsync(ffi::ThreadPool pool, std::string_view call, int64_t key,
                           ffi::RemainingArgs args, ffi::RemainingRets rets) {
   // Shared, because a Promise is move-only in some versions of the FFI headers
   // and the task that completes it must be copyable in others.
   auto promise = std::make_shared<ffi::Promise>();
   ffi::Future future(*promise);
-  const AnySite* entry = LookupSite(session, site_id);
+  ffi::Error unresolved = ffi::Error::Success();
+  const AnySite* entry = SiteOf(key, call, &unresolved);
   const NativeSite* site = entry != nullptr ? std::get_if<NativeSite>(entry) : nullptr;
-  if (site == nullptr) {  // (Python sites are never bound to this handler)
-    promise->SetError(UnknownSite(session, site_id));
+  if (site == nullptr) {
+    if (entry != nullptr) {  // a program made where the op had a concurrent native kernel
+      unresolved = ErrorText(&Common(*entry), "the program runs it as a concurrent native kernel, "
+                                              "but in this process it is not one: define the op "
+                                              "as the program's was");
+    }
+    promise->SetError(std::move(unresolved));
     return future;
   }
   auto frame = std::make_shared<OwnedFrame>(RawFrame::Args(args), RawFrame::Rets(rets));
@@ -91,12 +108,13 @@ ffi::Future DispatchAsync(ffi::ThreadPool pool, int64_t session, int64_t site_id
   return future;
 }
 
-// What both handlers decode from a call: the pool, the program's session and
-// site attributes, and the buffers left raw.
+// What both handlers decode from a call: the pool, the program's attributes
+// (in XLA's order, by name: the call's description, then its site key), and
+// the buffers left raw.
 auto DispatchBinding() {
   return ffi::Ffi::Bind()
       .Ctx<ffi::ThreadPool>()
-      .Attr<int64_t>("session")
+      .Attr<std::string_view>("jaxbind")
       .Attr<int64_t>("site")
       .RemainingArgs()
       .RemainingRets();

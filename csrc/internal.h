@@ -1,10 +1,11 @@
 // The types and declarations that the files of csrc/ share.
 //
 // csrc/ is jaxbind's XLA custom-call trampoline: one typed-FFI handler serves
-// every jaxbind op. A compiled program carries two integer attributes,
-// `session` (this process's token) and `site` (an index into the registry);
-// the site says which callable to run, with which kwargs, and how to walk a
-// batch. The handler knows no calculus: jvp, transpose and batching rules
+// every jaxbind op. A compiled program carries two attributes: `site`, a key
+// derived from what defines the call (the same in every process), and
+// `jaxbind`, the call's description (op name, role, kwargs, layout) from which
+// a process that defines the op can make the site when it has not yet; the
+// site says which callable to run, with which kwargs, and how to walk a batch. The handler knows no calculus: jvp, transpose and batching rules
 // live in Python and only decide which site a custom call names.
 //
 // csrc/ is one translation unit (CMakeLists.txt builds it with CMake's unity
@@ -33,6 +34,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -55,6 +57,11 @@ namespace {
 // since XLA may hand a partitioned call a piece of the batch.
 struct Site {
   std::string name;  // e.g. "op 'scale' (transpose callback 'scale_T')"
+  int64_t key = 0;      // what programs name it by
+  int64_t serial = -1;  // its place among every site this process made
+  // False once the Python handle that owns the site is gone: the site is then
+  // a shell that nothing calls (see ReleaseSite).
+  std::atomic<bool> alive{true};
   size_t levels = 0;  // batch levels walked; 0: the callee sees the whole arrays
   std::vector<std::vector<char>> in_masks;  // per input, per level (outermost first)
   std::vector<int> in_mapped;               // leading dims of each input that are levels
@@ -67,7 +74,9 @@ struct Site {
 
 // A Python callback, called as callable(out, args, kwargs_dump).
 struct PythonSite : Site {
-  PyObject* callable = nullptr;     // strong references, owned for the process lifetime
+  // Borrowed from the site's Python handle (which the garbage collector sees);
+  // null once the site is released. Read under the GIL only.
+  PyObject* callable = nullptr;
   PyObject* kwargs_dump = nullptr;  // bytes, handed to every call unchanged
   // The (args, out) tuples of views from the last call, reused while nobody
   // else holds them (guarded by the GIL).
@@ -101,13 +110,18 @@ inline const Site& Common(const AnySite& site) {
   return std::visit([](const Site& s) -> const Site& { return s; }, site);
 }
 
-extern const int64_t g_session;
 extern std::atomic<int64_t> g_num_sites;
-// Null for an id or session this process did not register.
-const AnySite* LookupSite(int64_t session, int64_t id);
-int64_t RegisterSite(std::string name, nb::handle callable, nb::bytes kwargs_dump, size_t levels,
-                     const std::vector<std::vector<int>>& in_masks, uintptr_t native_address,
-                     nb::handle native_kwargs, size_t valid_levels);
+extern std::atomic<int64_t> g_num_live_sites;
+// The live site of a key, or null (a key this process has no live site for).
+const AnySite* LookupSite(int64_t key);
+// Asks Python to make the site of a key from the call's description; null
+// with `error` set when this process cannot (the op is not defined here, ...).
+const AnySite* ResolveSite(int64_t key, std::string_view call, std::string* error);
+void SetResolver(nb::handle fn);
+int64_t RegisterSite(int64_t key, std::string name, nb::handle callable, nb::bytes kwargs_dump,
+                     size_t levels, const std::vector<std::vector<int>>& in_masks,
+                     uintptr_t native_address, nb::handle native_kwargs, size_t valid_levels);
+void ReleaseSite(int64_t serial);
 
 // ---- The GIL and shutdown (gil.cc) ------------------------------------------
 
@@ -137,7 +151,6 @@ int64_t Shutdown(double timeout);
 std::string PyUnicodeToString(PyObject* s);
 std::string MessageFromPython(const Site& site);
 ffi::Error ErrorText(const Site* site, const std::string& what);
-ffi::Error UnknownSite(int64_t session, int64_t site_id);
 void SetErrorFormatter(nb::handle fn);
 
 // ---- Views of XLA's buffers (views.cc) --------------------------------------

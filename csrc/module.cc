@@ -66,20 +66,27 @@ NB_MODULE(_trampoline, m) {
         "The XLA FFI handler of concurrent native kernels (runs them on XLA's thread pool).");
 
   m.def("register_site",
-        [](std::string name, nb::handle callable, nb::bytes kwargs_dump, size_t levels,
-           std::vector<std::vector<int>> in_masks, uintptr_t native_address,
+        [](int64_t key, std::string name, nb::handle callable, nb::bytes kwargs_dump,
+           size_t levels, std::vector<std::vector<int>> in_masks, uintptr_t native_address,
            nb::list native_kwargs, size_t valid_levels) {
-          return RegisterSite(std::move(name), callable, kwargs_dump, levels, in_masks,
+          return RegisterSite(key, std::move(name), callable, kwargs_dump, levels, in_masks,
                               native_address, native_kwargs, valid_levels);
         },
-        nb::arg("name"), nb::arg("callable").none(), nb::arg("kwargs_dump"),
+        nb::arg("key"), nb::arg("name"), nb::arg("callable").none(), nb::arg("kwargs_dump"),
         nb::arg("levels"), nb::arg("in_masks"), nb::arg("native_address"),
         nb::arg("native_kwargs"), nb::arg("valid_levels") = 0,
-        "Register a call site (a Python callable, or a native kernel when "
-        "native_address is not 0); returns the id the compiled program carries. With "
-        "valid_levels, the last input is the validity operand of a padded batch.");
-  m.def("num_sites", []() { return g_num_sites.load(); }, "Number of registered call sites.");
-  m.def("session", []() { return g_session; }, "This process's token, compiled beside site ids.");
+        "Register the call site programs name by `key` (a Python callable, or a native kernel "
+        "when native_address is not 0); returns its serial number, for release_site. The "
+        "callable and kwargs_dump are borrowed: the caller keeps them alive until it releases "
+        "the site. With valid_levels, the last input is the validity operand of a padded batch.");
+  m.def("release_site", &ReleaseSite, nb::arg("serial"),
+        "Free a site: nothing calls it again (a program naming its key resolves it anew).");
+  m.def("set_resolver", &SetResolver,
+        "Set the function (key, description) -> None that makes the site of a key this process "
+        "has none for, or raises why it cannot.");
+  m.def("num_sites", []() { return g_num_sites.load(); }, "Number of call sites ever made.");
+  m.def("num_live_sites", []() { return g_num_live_sites.load(); },
+        "Number of call sites not yet released.");
 
   m.def("set_dtype", &SetDtype, nb::arg("code"), nb::arg("dtype"),
         "Map an XLA FFI dtype code to a NumPy dtype.");

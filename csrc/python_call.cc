@@ -14,6 +14,10 @@ namespace {
 bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets,
               const int64_t* in_offsets, const int64_t* out_offsets,
               int out_skip, std::string* error) {
+  if (site.callable == nullptr) {  // released while a walk ran (its op was freed meanwhile)
+    *error = "jaxbind " + site.name + ": the op was freed while the program called it";
+    return false;
+  }
   const bool use_cache = !site.cache_busy;
   PyObject* in_tuple = ViewTuple(use_cache ? site.cached_in : nullptr, args->args, args->size,
                                  in_offsets, site, -1, /*writable=*/false);
@@ -26,8 +30,16 @@ bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Re
     // A re-entrant or overlapping call (another thread, while this callback
     // released the GIL) makes its own views; only the cache's user frees it.
     if (use_cache) site.cache_busy = true;
-    PyObject* argv[3] = {out_tuple, in_tuple, site.kwargs_dump};
-    PyObject* result = PyObject_Vectorcall(site.callable, argv, 3, nullptr);
+    // Held for the call: the site may be released meanwhile (by the callback, or
+    // by another thread while the callback released the GIL).
+    PyObject* callable = site.callable;
+    PyObject* kwargs_dump = site.kwargs_dump;
+    Py_INCREF(callable);
+    Py_INCREF(kwargs_dump);
+    PyObject* argv[3] = {out_tuple, in_tuple, kwargs_dump};
+    PyObject* result = PyObject_Vectorcall(callable, argv, 3, nullptr);
+    Py_DECREF(kwargs_dump);
+    Py_DECREF(callable);
     if (use_cache) site.cache_busy = false;
     if (result == nullptr) {
       *error = MessageFromPython(site);  // frees the frames of the traceback
@@ -65,7 +77,7 @@ bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Re
       kept = true;
     }
   }
-  if (ok && use_cache) {  // keep the views for the next call
+  if (ok && use_cache && site.callable != nullptr) {  // keep the views for the next call
     if (site.cached_in != in_tuple) std::swap(site.cached_in, in_tuple);
     if (site.cached_out != out_tuple) std::swap(site.cached_out, out_tuple);
   } else if (!ok) {
@@ -73,6 +85,10 @@ bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Re
     RetireViews(in_tuple, out_tuple, kept);
     if (site.cached_in == in_tuple) Py_CLEAR(site.cached_in);
     if (site.cached_out == out_tuple) Py_CLEAR(site.cached_out);
+  }
+  if (site.callable == nullptr) {  // released during the call: its cache goes with it
+    Py_CLEAR(site.cached_in);
+    Py_CLEAR(site.cached_out);
   }
   Py_XDECREF(in_tuple);
   Py_XDECREF(out_tuple);

@@ -1,61 +1,137 @@
-// The registry of call sites: made by Python at trace time, read lock-free by XLA's threads.
+// The registry of call sites: made by Python at trace time (or when a program
+// made elsewhere names a site this process has not made yet), read lock-free
+// by XLA's threads.
 
 #include "internal.h"
 
 #include <algorithm>
 #include <mutex>
-#include <random>
 
 namespace {
 
-// Sites are published lock-free to XLA threads: a fixed table of chunks, each
-// chunk a fixed array of atomic pointers. Entries are never removed, so a
-// pointer read once stays valid.
-constexpr int64_t kChunkBits = 10;
-constexpr int64_t kChunkSize = int64_t{1} << kChunkBits;
-constexpr int64_t kNumChunks = 4096;  // up to 4M sites
-
-struct Chunk {
-  std::atomic<AnySite*> entries[kChunkSize];
+// A compiled program names a site by its key: a 63-bit digest of what defines
+// the call (jaxbind/_sites.py), the same in every process that defines the
+// same op. The key table maps keys to sites, open-addressed, read without a
+// lock: an entry's site is written before its key, readers load the key first.
+// Entries are never removed; a freed site stays in place as a dead shell
+// (a few hundred bytes: its name and layout), so that a pointer read once
+// stays valid, and a key whose site died can be bound to a new one.
+struct KeyEntry {
+  std::atomic<int64_t> key{0};  // 0: empty
+  std::atomic<AnySite*> site{nullptr};
 };
 
-std::atomic<Chunk*> g_chunks[kNumChunks];
+struct KeyTable {
+  explicit KeyTable(int64_t capacity) : capacity(capacity), entries(new KeyEntry[capacity]) {}
+  int64_t capacity;  // a power of two
+  std::unique_ptr<KeyEntry[]> entries;
+};
+
+std::atomic<KeyTable*> g_keys{new KeyTable(1024)};
+std::vector<std::unique_ptr<KeyTable>> g_old_tables;  // outgrown: readers may still be in them
+std::vector<std::unique_ptr<AnySite>> g_all_sites;    // by serial number, never freed
+int64_t g_num_keys = 0;
 std::atomic<int64_t> g_num_sites{0};
+std::atomic<int64_t> g_num_live_sites{0};
 std::mutex g_register_mutex;
 
-int64_t PublishSite(std::unique_ptr<AnySite> site) {
-  std::lock_guard<std::mutex> lock(g_register_mutex);
-  int64_t id = g_num_sites.load(std::memory_order_relaxed);
-  int64_t chunk = id >> kChunkBits;
-  if (chunk >= kNumChunks) {
-    throw std::runtime_error("jaxbind: too many distinct compiled call sites");
+// Keys are digests already: their low bits are a good hash.
+KeyEntry* Probe(KeyTable* table, int64_t key) {
+  const int64_t mask = table->capacity - 1;
+  for (int64_t i = key & mask;; i = (i + 1) & mask) {
+    KeyEntry& e = table->entries[i];
+    const int64_t k = e.key.load(std::memory_order_acquire);
+    if (k == key || k == 0) return &e;
   }
-  Chunk* c = g_chunks[chunk].load(std::memory_order_relaxed);
-  if (c == nullptr) {
-    c = new Chunk();
-    for (auto& e : c->entries) e.store(nullptr, std::memory_order_relaxed);
-    g_chunks[chunk].store(c, std::memory_order_release);
-  }
-  c->entries[id & (kChunkSize - 1)].store(site.release(), std::memory_order_release);
-  g_num_sites.store(id + 1, std::memory_order_release);
-  return id;
 }
 
-// A random number of this process, compiled into every program beside the
-// site id: a program made in another process (e.g. by jax.export) names ids
-// of that process, and must be refused rather than call whatever has that id here.
-const int64_t g_session = []() {
-  std::random_device device;
-  return static_cast<int64_t>((uint64_t{device()} << 32) ^ device()) & INT64_MAX;
-}();
+// Under g_register_mutex.
+void Bind(int64_t key, AnySite* site) {
+  KeyTable* table = g_keys.load(std::memory_order_relaxed);
+  KeyEntry* e = Probe(table, key);
+  if (e->key.load(std::memory_order_relaxed) == key) {  // a dead site's key, bound anew
+    e->site.store(site, std::memory_order_release);
+    return;
+  }
+  if (2 * (g_num_keys + 1) > table->capacity) {  // grow: copy, then publish the copy
+    auto bigger = std::make_unique<KeyTable>(table->capacity * 2);
+    for (int64_t i = 0; i < table->capacity; ++i) {
+      const int64_t k = table->entries[i].key.load(std::memory_order_relaxed);
+      if (k == 0) continue;
+      KeyEntry* moved = Probe(bigger.get(), k);
+      moved->site.store(table->entries[i].site.load(std::memory_order_relaxed),
+                        std::memory_order_relaxed);
+      moved->key.store(k, std::memory_order_relaxed);
+    }
+    KeyTable* published = bigger.release();
+    g_keys.store(published, std::memory_order_release);
+    g_old_tables.emplace_back(table);
+    table = published;
+    e = Probe(table, key);
+  }
+  e->site.store(site, std::memory_order_release);
+  e->key.store(key, std::memory_order_release);
+  ++g_num_keys;
+}
 
-const AnySite* LookupSite(int64_t session, int64_t id) {
-  if (session != g_session || id < 0 || id >= g_num_sites.load(std::memory_order_acquire)) {
+// The live site a program's key names, or null (not made here, or freed).
+const AnySite* LookupSite(int64_t key) {
+  if (key <= 0) return nullptr;
+  KeyEntry* e = Probe(g_keys.load(std::memory_order_acquire), key);
+  if (e->key.load(std::memory_order_acquire) != key) return nullptr;
+  const AnySite* site = e->site.load(std::memory_order_acquire);
+  if (site == nullptr || !Common(*site).alive.load(std::memory_order_acquire)) return nullptr;
+  return site;
+}
+
+// Called with a key this process has no live site for: (key, the call's
+// description) -> None, having registered the site, or raises why it cannot.
+PyObject* g_resolver = nullptr;
+
+void SetResolver(nb::handle fn) {
+  Py_XINCREF(fn.ptr());
+  Py_XDECREF(g_resolver);
+  g_resolver = fn.ptr();
+}
+
+// A program names a key this process has no live site for: a program made by
+// another process (jax.export), or one whose op was freed. Python finds the op
+// the description names among those this process defined, or explains why not;
+// nothing else can be called.
+const AnySite* ResolveSite(int64_t key, std::string_view call, std::string* error) {
+  GilHold gil;
+  if (!gil.held()) {
+    *error = "jaxbind: the program's call site was not resolved: the Python interpreter is "
+             "shutting down";
     return nullptr;
   }
-  Chunk* c = g_chunks[id >> kChunkBits].load(std::memory_order_acquire);
-  if (c == nullptr) return nullptr;
-  return c->entries[id & (kChunkSize - 1)].load(std::memory_order_acquire);
+  if (g_resolver == nullptr) {
+    *error = "jaxbind: internal error: no call-site resolver is set";
+    return nullptr;
+  }
+  PyObject* text = PyUnicode_DecodeUTF8(call.data(), static_cast<Py_ssize_t>(call.size()), "replace");
+  PyObject* py_key = PyLong_FromLongLong(key);
+  PyObject* result = text && py_key ? PyObject_CallFunctionObjArgs(g_resolver, py_key, text, nullptr)
+                                    : nullptr;
+  Py_XDECREF(text);
+  Py_XDECREF(py_key);
+  if (result == nullptr) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject* message = value ? PyObject_Str(value) : nullptr;
+    *error = PyUnicodeToString(message);
+    if (error->empty()) *error = "jaxbind: the program's call site could not be resolved";
+    Py_XDECREF(message);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    PyErr_Clear();
+    return nullptr;
+  }
+  Py_DECREF(result);
+  const AnySite* site = LookupSite(key);
+  if (site == nullptr) *error = "jaxbind: internal error: the resolver registered no site";
+  return site;
 }
 
 // The batch layout, checked: a mask per input and level, and the validity
@@ -79,29 +155,64 @@ void SetLayout(Site& site, size_t levels, const std::vector<std::vector<int>>& i
 }
 
 // A native kernel when `native_address` is not 0 (the Python side's
-// convention, kept for its API), else a Python callback.
-int64_t RegisterSite(std::string name, nb::handle callable, nb::bytes kwargs_dump, size_t levels,
-                     const std::vector<std::vector<int>>& in_masks, uintptr_t native_address,
-                     nb::handle native_kwargs, size_t valid_levels) {
+// convention, kept for its API), else a Python callback. The callable and the
+// kwargs are borrowed: the Python handle that owns the site holds them (so
+// that the garbage collector sees them) and releases the site before it lets
+// them go. Returns the site's serial number, which the handle releases it by.
+int64_t RegisterSite(int64_t key, std::string name, nb::handle callable, nb::bytes kwargs_dump,
+                     size_t levels, const std::vector<std::vector<int>>& in_masks,
+                     uintptr_t native_address, nb::handle native_kwargs, size_t valid_levels) {
+  if (key <= 0) throw nb::value_error("a call-site key is positive");
   std::unique_ptr<AnySite> entry;
   if (native_address != 0) {
     // Made in place: the kwargs' C views point into the site's own storage.
     entry = std::make_unique<AnySite>(std::in_place_type<NativeSite>);
     NativeSite& site = std::get<NativeSite>(*entry);
-    site.name = std::move(name);
     site.kernel = reinterpret_cast<jaxbind_kernel>(native_address);
     SetNativeKwargs(site, native_kwargs);
-    SetLayout(site, levels, in_masks, valid_levels);
   } else {
     entry = std::make_unique<AnySite>(std::in_place_type<PythonSite>);
     PythonSite& site = std::get<PythonSite>(*entry);
-    site.name = std::move(name);
-    SetLayout(site, levels, in_masks, valid_levels);
-    // Only now, when nothing can throw: a refused site leaks no references.
-    site.callable = callable.inc_ref().ptr();
-    site.kwargs_dump = kwargs_dump.inc_ref().ptr();
+    site.callable = callable.ptr();
+    site.kwargs_dump = kwargs_dump.ptr();
   }
-  return PublishSite(std::move(entry));
+  Site& site = std::visit([](Site& s) -> Site& { return s; }, *entry);
+  site.name = std::move(name);
+  site.key = key;
+  SetLayout(site, levels, in_masks, valid_levels);
+  std::lock_guard<std::mutex> lock(g_register_mutex);
+  if (const AnySite* bound = LookupSite(key)) {
+    throw nb::value_error(("jaxbind: internal error: call-site key already bound to " +
+                           Common(*bound).name).c_str());
+  }
+  site.serial = static_cast<int64_t>(g_all_sites.size());
+  AnySite* published = entry.get();
+  g_all_sites.push_back(std::move(entry));
+  Bind(key, published);
+  g_num_sites.store(site.serial + 1, std::memory_order_release);
+  g_num_live_sites.fetch_add(1, std::memory_order_relaxed);
+  return site.serial;
+}
+
+// The handle of a site is gone (under the GIL): nothing may call it any more.
+// A call already running on another thread finishes with its own references
+// (CallOnce holds the callable and kwargs while it calls); later calls of the
+// key resolve it anew or fail with a message naming the op.
+void ReleaseSite(int64_t serial) {
+  std::lock_guard<std::mutex> lock(g_register_mutex);
+  if (serial < 0 || serial >= static_cast<int64_t>(g_all_sites.size())) return;
+  AnySite& entry = *g_all_sites[serial];
+  Site& site = std::visit([](Site& s) -> Site& { return s; }, entry);
+  if (!site.alive.exchange(false, std::memory_order_acq_rel)) return;
+  g_num_live_sites.fetch_sub(1, std::memory_order_relaxed);
+  if (auto* python = std::get_if<PythonSite>(&entry)) {
+    python->callable = nullptr;
+    python->kwargs_dump = nullptr;
+    if (!python->cache_busy) {  // else the running call drops them when it returns
+      Py_CLEAR(python->cached_in);
+      Py_CLEAR(python->cached_out);
+    }
+  }
 }
 
 }  // namespace

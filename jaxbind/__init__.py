@@ -11,13 +11,14 @@ except ImportError as _err:  # pragma: no cover - depends on how jaxbind was imp
 
 from ._api import Op, get_linear_call, get_nonlinear_call
 from ._definition import JaxbindError
+from ._export import export
 from ._kwargs import load_kwargs
 from ._native import NativeKernel, get_include, native
 from ._runtime import config
 from . import testing  # noqa: E402  (jaxbind.testing.check_op)
 
 __all__ = [
-    "JaxbindError", "NativeKernel", "Op", "config", "get_include", "get_linear_call", "get_nonlinear_call",
+    "JaxbindError", "NativeKernel", "Op", "config", "export", "get_include", "get_linear_call", "get_nonlinear_call",
     "load_kwargs", "native", "testing",
 ]
 __version__ = "0.1.0"

@@ -219,3 +219,14 @@ __all__ = [
     "cast_to_common_vma", "get_aval", "mlir", "register_batch_partitionable", "reshard_like",
     "runtime_error_of_fast_path", "set_frontend_attribute", "shaped_array", "sharding_spec", "varying_axes",
 ]
+
+
+def add_keepalive(ctx, obj) -> None:
+    """Keep ``obj`` alive as long as the executable compiled from this lowering."""
+    ctx.module_context.add_keepalive(obj)
+
+
+def lowering_for_export(ctx) -> bool:
+    """Whether this lowering makes a program for ``jax.export`` (serialized, run elsewhere)."""
+    parameters = getattr(ctx.module_context, "lowering_parameters", None)
+    return bool(getattr(parameters, "for_export", False))

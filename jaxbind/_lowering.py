@@ -1,4 +1,4 @@
-"""The lowering rule: a custom call naming a registered call site, with what XLA needs to split it."""
+"""The lowering rule: a custom call naming its call site (see _sites), with what XLA needs to split it."""
 
 from __future__ import annotations
 
@@ -8,41 +8,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _trampoline
 from ._batch_types import Batch, as_batch
 from ._definition import Role
-from ._jax_compat import auto_device_count, batch_partitioning_attributes, mlir, set_frontend_attribute
+from ._jax_compat import (add_keepalive, auto_device_count, batch_partitioning_attributes, lowering_for_export,
+                          mlir, set_frontend_attribute)
 from ._kwargs import Kwargs
-from ._native import NativeKernel, kernel_kwargs
-from ._runtime import ASYNC_TARGET, SESSION, TARGET
+from ._runtime import ASYNC_TARGET, TARGET
+from ._sites import check_exportable, describe, site_for
 
 _ffi_lowerings = {target: jax.ffi.ffi_lowering(target) for target in (TARGET, ASYNC_TARGET)}
-_sites: dict = {}
-
-
-def site_for(role: Role, kwargs: Kwargs, batch: Batch, avals_in, avals_out, padded: bool = False) -> int:
-    """The registry id of the call site, registered on first use.
-
-    ``padded``: the call's last operand is the validity operand of a batch XLA
-    may pad (see ``_validity``); the handler calls nothing for padding elements.
-    """
-    key = (role.callback, role.label, kwargs, batch, role.op.vmap_method, padded)
-    site = _sites.get(key)
-    if site is None:
-        callback, can_batch, kind = role.callback, role.op.func_can_batch, as_batch(batch)
-        batch_axes = kind.callback_batch_axes
-        layout = kind.site_layout(role)
-        valid_levels = batch.levels if padded else 0
-        if isinstance(callback, NativeKernel):
-            entries = kernel_kwargs(kwargs.values, role.label, batch_axes, len(avals_in) - padded, can_batch)
-            address = callback.address_for(tuple(avals_in[:len(avals_in) - padded]), tuple(avals_out),
-                                           kwargs.values)
-            site = _trampoline.register_site(role.label, None, b"", *layout, address, entries, valid_levels)
-        else:
-            dump = kwargs.with_values(batch_axes=batch_axes).dump if can_batch else kwargs.dump
-            site = _trampoline.register_site(role.label, callback, dump, *layout, 0, [], valid_levels)
-        _sites[key] = site
-    return site
 
 
 def _padded_levels(ctx, levels: int) -> tuple:
@@ -88,8 +62,15 @@ def jaxbind_lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
     if padded:  # padding elements must never reach the callback
         value, aval = _validity(ctx, levels, padded)
         args, avals_in = (*args, value), (*avals_in, aval)
-    site = site_for(role, kwargs, batch, avals_in, ctx.avals_out, bool(padded))
+    if lowering_for_export(ctx):  # resolved by the op's name where it is deserialized
+        check_exportable(role)
+        text, key = describe(role, kwargs, batch, avals_in[:len(avals_in) - bool(padded)], ctx.avals_out,
+                             bool(padded), exported=True)
+    else:
+        handle = site_for(role, kwargs, batch, avals_in, ctx.avals_out, bool(padded))
+        add_keepalive(ctx, handle)  # the site lives as long as the compiled program
+        text, key = handle.description, handle.key
     rule = _ffi_lowerings[target] if not levels else jax.ffi.ffi_lowering(
         target, extra_attributes=batch_partitioning_attributes(ctx, levels, avals_in))
-    results = rule(ctx.replace(avals_in=avals_in), *args, session=SESSION, site=np.int64(site))
+    results = rule(ctx.replace(avals_in=avals_in), *args, jaxbind=text, site=np.int64(key))
     return set_frontend_attribute(results, "jaxbind_op", role.op.name)  # the name in the HLO

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import numbers
 
@@ -13,6 +14,7 @@ from ._jax_compat import runtime_error_of_fast_path
 from ._kwargs import Kwargs
 from ._native import kernel_kwargs
 from ._primitive import bind
+from ._sites import register_definition
 
 __all__ = ["Op"]
 
@@ -28,11 +30,21 @@ class Op:
 
     # __dict__: code written for JAXbind sets attributes on ops (op.__doc__ = ...);
     # they play no part in equality or hashing.
-    __slots__ = ("definition", "_entries", "__dict__", "__weakref__")
+    __slots__ = ("definition", "_entries", "_eager_keys", "__dict__", "__weakref__")
 
     def __init__(self, definition: OpDef):
         self.definition = definition
         self._entries = {}  # number of arguments -> the role the op then plays
+        self._eager_keys = []  # its entries in _EAGER
+        register_definition(definition)  # its place among the ops of its name
+
+    def __del__(self):
+        # The op's eager calls go with it (they hold its definition, and so its
+        # callbacks and what they capture).
+        eager = _EAGER
+        if eager is not None:
+            for key in self._eager_keys:
+                eager.pop(key, None)
 
     @property
     def name(self) -> str:
@@ -52,9 +64,17 @@ class Op:
             return _bind_arrays(*args, role=role, kwargs=kwargs)
         # Called on concrete arrays: run a cached compiled call, as jax.jit
         # would, instead of dispatching the primitive anew each time.
-        call = _COMPILED.get((role, kwargs))
-        if call is None:  # equal ops share it
-            call = _COMPILED[role, kwargs] = jax.jit(functools.partial(_bind_arrays, role=role, kwargs=kwargs))
+        key = (id(self), role, kwargs)
+        call = _EAGER.get(key)
+        if call is None:
+            call = _EAGER[key] = jax.jit(functools.partial(_bind_arrays, role=role, kwargs=kwargs))
+            self._eager_keys.append(key)
+            if len(self._eager_keys) > EAGER_CACHE_SIZE:  # forget the evicted ones
+                self._eager_keys = [k for k in self._eager_keys if k in _EAGER]
+            if len(_EAGER) > EAGER_CACHE_SIZE:
+                _EAGER.popitem(last=False)
+        else:
+            _EAGER.move_to_end(key)
         try:
             return call(*args)
         except ValueError as err:
@@ -112,7 +132,11 @@ _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, numbers.Number)
 # How the errors of jaxbind's handler begin (an XLA status code, then jaxbind's text).
 _RUNTIME_ERROR_PREFIXES = ("INTERNAL: jaxbind", "INVALID_ARGUMENT: jaxbind")
 _NO_KWARGS = Kwargs({}, "")
-_COMPILED = {}  # (role, kwargs) -> the jitted call that concrete arguments run
+# (id(op), role, kwargs) -> the jitted call that concrete arguments run, least
+# recently used first. Entries leave with their op (Op.__del__) or, past the
+# bound, by age (an op whose callback holds the op itself is freed that way).
+EAGER_CACHE_SIZE = 128
+_EAGER: "collections.OrderedDict" = collections.OrderedDict()
 
 
 def _bind_arrays(*args, role: Role, kwargs: Kwargs):

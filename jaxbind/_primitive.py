@@ -15,8 +15,8 @@ from ._batch_types import NativeBatch, WalkBatch  # noqa: F401  (the batch param
 from ._batching import jaxbind_batch
 from ._bind import bind, jaxbind_p
 from ._jax_compat import ad, apply_primitive, batching, mlir
-from ._lowering import _sites, jaxbind_lowering, site_for  # noqa: F401  (tests inspect the sites)
-from ._runtime import ASYNC_TARGET, SESSION as _SESSION, SUPPORTED_DTYPES, TARGET  # noqa: F401
+from ._lowering import jaxbind_lowering
+from ._runtime import ASYNC_TARGET, SUPPORTED_DTYPES, TARGET  # noqa: F401
 from ._validation import is_differentiable  # noqa: F401
 
 __all__ = ["SUPPORTED_DTYPES", "bind", "is_differentiable", "jaxbind_p"]

@@ -14,7 +14,7 @@ import numpy as np
 from . import _trampoline
 from ._jax_compat import register_batch_partitionable
 
-__all__ = ["ASYNC_TARGET", "SESSION", "SUPPORTED_DTYPES", "TARGET", "config"]
+__all__ = ["ASYNC_TARGET", "SUPPORTED_DTYPES", "TARGET", "config"]
 
 # How long the exit hook waits for callbacks that are still running on XLA's threads.
 EXIT_TIMEOUT_SECONDS = 10.0
@@ -195,7 +195,6 @@ jax.ffi.register_ffi_target(ASYNC_TARGET, _trampoline.async_handler(), platform=
 # _batch_types.WalkBatch.partitionable_levels); a call without it is never split.
 for _target in (TARGET, ASYNC_TARGET):
     register_batch_partitionable(_target)
-SESSION = np.int64(_trampoline.session())  # compiled beside each site id
 
 
 # ---------------------------------------------------------------------------

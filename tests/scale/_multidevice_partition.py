@@ -420,10 +420,12 @@ def _walk_mismatch():
     from jaxbind._definition import Role
     role = Role(linear_op.definition, 0, slot=1, n_fixed=0, in_sizes=(1,))
     batch = prim.WalkBatch(((True,),))
-    site = prim.site_for(role, jaxbind._api._NO_KWARGS, batch, None)
+    from jaxbind._sites import site_for
+    aval = jax.core.ShapedArray((8, 4), jnp.float64)
+    site = site_for(role, jaxbind._api._NO_KWARGS, batch, [aval], [aval])
     call = jax.ffi.ffi_call(prim.TARGET, jax.ShapeDtypeStruct((8, 4), jnp.float64))
     try:
-        np.asarray(jax.jit(lambda a: call(a, session=prim._SESSION, site=np.int64(site)))(jnp.ones((3, 4))))
+        np.asarray(jax.jit(lambda a: call(a, jaxbind=site.description, site=np.int64(site.key)))(jnp.ones((3, 4))))
     except Exception as err:
         assert "batch dimensions of input 0" in str(err), err
     else:

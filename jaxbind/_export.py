@@ -1,0 +1,52 @@
+"""``jaxbind.export``: ``jax.export.export`` with jaxbind's custom-call targets declared."""
+
+from __future__ import annotations
+
+import jax
+
+from ._runtime import ASYNC_TARGET, TARGET
+
+__all__ = ["export"]
+
+
+def export(fun, **kwargs):
+    """Export ``fun`` with ``jax.export``, allowing the jaxbind ops it calls.
+
+    Takes and returns what :func:`jax.export.export` does (call the result
+    with example arguments or ``jax.ShapeDtypeStruct`` s to get a
+    ``jax.export.Exported``); jaxbind's two custom-call targets are added to
+    ``disabled_checks`` (JAX's public way to allow a custom call it does not
+    know in a serialized program).
+
+    A serialized program names each jaxbind op by its ``name``: a process that
+    deserializes it must define ops of the same names (and structure: kind,
+    fixed arguments, flags, number of callbacks) before calling it, and runs
+    its own callbacks. Each call carries the version of jaxbind's call
+    description (its schema); a program whose schema this jaxbind does not
+    read is refused when called.
+
+    Parameters
+    ----------
+    fun : callable
+        A function (typically ``jax.jit``-ed) that may call jaxbind ops.
+    **kwargs
+        Passed on to :func:`jax.export.export` (``platforms``,
+        ``disabled_checks``, ...).
+
+    Returns
+    -------
+    callable
+        ``jax.export.export(fun, **kwargs)`` with the jaxbind targets allowed.
+
+    Raises
+    ------
+    ValueError
+        When exporting (calling the returned function), if a jaxbind op in
+        ``fun`` shares its name with another op of this process: a serialized
+        program could not say which one it calls. Give ops distinct
+        ``name=`` values.
+    """
+    allowed = [jax.export.DisabledSafetyCheck.custom_call(target) for target in (TARGET, ASYNC_TARGET)]
+    disabled = list(kwargs.pop("disabled_checks", ()))
+    disabled += [check for check in allowed if check not in disabled]
+    return jax.export.export(fun, disabled_checks=disabled, **kwargs)

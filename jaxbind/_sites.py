@@ -1,0 +1,390 @@
+"""Call sites: what a compiled program names, how a process finds its own, and how long they live.
+
+A *call site* is one custom call's target in this process: an op's callback in
+one role, with its kwargs and batch layout. A compiled program names it by a
+**key**, a 63-bit digest of the call's **description** (the JSON text below),
+and carries the description beside it. Neither depends on where anything sits
+in this process, so the same script lowers to the same program in every run
+(JAX's persistent compilation cache hits) and a serialized program
+(``jax.export``) says which op it calls.
+
+The description holds the op's name, its structure (kind, fixed arguments,
+flags, callbacks per family), the role (family, slot, slot sizes), the batch
+layout, the avals, the kwargs' bytes and the schema version; ops that share a
+name in one process get ``index`` 0, 1, ... in the order they were defined
+(equal definitions share one). Two different sites of one process therefore
+never share a description, and keys are digests of descriptions: a collision
+(two descriptions, one key, chance 2**-63 per pair) is refused when the second
+registers, never run. Programs made for ``jax.export`` leave the index out:
+another process resolves them by the op's name, which must then be unique.
+
+The handler looks a key up in the compiled core's table; a key it has no live
+site for (a program made elsewhere, or whose op was freed) reaches
+:func:`resolve`, which makes the site from the description if, and only if,
+this process defines that op now. Nothing else can be called: a program names
+ops, never addresses or callables, and kwargs from a program are read by a
+loader that builds only plain data.
+
+A site lives as long as its :class:`SiteHandle`, which the op's definition
+holds, and every compiled program that names it (the lowering adds the handle
+to the executable's keepalives). When the last goes, the handle releases the
+site, and with it the callback and whatever it captured.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import pickle
+import threading
+import weakref
+
+import jax
+import numpy as np
+
+from . import _trampoline
+from ._batch_types import NativeBatch, WalkBatch, as_batch
+from ._definition import JaxbindError, OpDef, Role
+from ._kwargs import Kwargs
+from ._native import NativeKernel, kernel_kwargs
+
+__all__ = ["SCHEMA", "SiteHandle", "register_definition", "resolve", "site_for"]
+
+SCHEMA = 1  # of the description; a program with another is refused, never guessed at
+
+_lock = threading.RLock()  # lowering (a Python thread) and resolve (XLA's) both register
+_live: "weakref.WeakValueDictionary[int, SiteHandle]" = weakref.WeakValueDictionary()
+_names: dict = {}  # op name -> _Name
+
+
+class SiteHandle:
+    """Owns one registered call site; releases it when it goes.
+
+    Holds what the compiled core borrows (the callback, the kwargs' bytes), so
+    that the garbage collector sees them: a cycle through a callback is
+    collected like any other.
+    """
+
+    __slots__ = ("serial", "key", "description", "callback", "kwargs_dump", "__weakref__")
+
+    def __init__(self, serial, key, description, callback, kwargs_dump):
+        self.serial, self.key, self.description = serial, key, description
+        self.callback, self.kwargs_dump = callback, kwargs_dump
+
+    def __del__(self):
+        release = _release
+        if release is not None:  # None once the module is torn down at exit
+            release(self.serial)
+
+    def __repr__(self):
+        return f"<jaxbind call site {self.key:#x} #{self.serial}>"
+
+
+_release = _trampoline.release_site
+
+
+class _Name:
+    """The ops of this process that have one name: (weak definition, index) pairs."""
+
+    __slots__ = ("next_index", "defs")
+
+    def __init__(self):
+        self.next_index, self.defs = 0, []
+
+    def live(self):
+        self.defs = [(ref, i) for ref, i in self.defs if ref() is not None]
+        return [(ref(), i) for ref, i in self.defs]
+
+
+def _state(definition: OpDef) -> dict:
+    """Per-definition state kept on the definition (it dies with it)."""
+    return vars(definition)
+
+
+def register_definition(definition: OpDef) -> None:
+    """Give a new op its index among the ops of its name (equal definitions share one)."""
+    state = _state(definition)
+    if "_index" in state:
+        return
+    with _lock:
+        name = _names.setdefault(definition.name, _Name())
+        for other, index in name.live():
+            if other == definition:
+                break
+        else:
+            index, name.next_index = name.next_index, name.next_index + 1
+            name.defs.append((weakref.ref(definition), index))
+        state["_index"] = index
+        state["_sites"] = {}  # (role, kwargs, batch, padded, avals) -> handle
+        state["_resolved"] = {}  # key -> handle, sites made for programs made elsewhere
+
+
+def _definitions_named(name: str) -> list:
+    """The distinct live definitions with this name, with their indexes."""
+    with _lock:
+        entry = _names.get(name)
+        return entry.live() if entry is not None else []
+
+
+# ---------------------------------------------------------------------------
+# Descriptions and keys
+# ---------------------------------------------------------------------------
+
+
+def _structure(definition: OpDef) -> dict:
+    """What must match between the op a program was made with and the one it runs."""
+    return {
+        "kind": str(definition.kind),
+        "fixed": definition.first_n_args_fixed,
+        "can_batch": definition.func_can_batch,
+        "vmap_method": definition.vmap_method,
+        "residuals": definition.n_residuals,
+        "callbacks": [len(family.callbacks) for family in definition.families],
+    }
+
+
+def _batch_json(batch):
+    if batch is None:
+        return None
+    if isinstance(batch, WalkBatch):
+        return {"walk": [[int(m) for m in mask] for mask in batch.masks]}
+    return {"native": [[list(a) for a in batch.in_axes], [list(a) for a in batch.out_axes],
+                       list(batch.sizes)]}
+
+
+def _batch_from_json(value):
+    if value is None:
+        return None
+    if "walk" in value:
+        return WalkBatch(tuple(tuple(bool(m) for m in mask) for mask in value["walk"]))
+    in_axes, out_axes, sizes = value["native"]
+    return NativeBatch(tuple(map(tuple, in_axes)), tuple(map(tuple, out_axes)), tuple(sizes))
+
+
+def _avals_json(avals):
+    return [[list(a.shape), np.dtype(a.dtype).name] for a in avals]
+
+
+def key_of(text: str) -> int:
+    """The key a program names a description by: 63 bits of its digest, never 0."""
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") & (2**63 - 1)) or 1
+
+
+def describe(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: bool,
+             exported: bool = False):
+    """The description of a call (JSON text, deterministic) and its key.
+
+    ``avals_in`` are the callback's inputs (not the validity operand).
+    ``exported``: for a serialized program, which other processes resolve by
+    the op's name alone (no index).
+    """
+    definition = role.op
+    description = {
+        "schema": SCHEMA,
+        "op": definition.name,
+        "def": _structure(definition),
+        "role": [role.family, role.slot, role.n_fixed, list(role.in_sizes)],
+        "batch": _batch_json(batch),
+        "padded": bool(padded),
+        "in": _avals_json(avals_in),
+        "out": _avals_json(avals_out),
+        "kwargs": base64.b64encode(kwargs.dump).decode("ascii"),
+    }
+    if not exported:
+        register_definition(definition)
+        description["index"] = _state(definition)["_index"]
+    text = json.dumps(description, sort_keys=True, separators=(",", ":"))
+    return text, key_of(text)
+
+
+# ---------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------
+
+
+def site_for(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: bool = False):
+    """The handle of this process's site for a call, registered on first use.
+
+    ``padded``: the call's last operand is the validity operand of a batch XLA
+    may pad (see ``_lowering._validity``); the handler calls nothing for
+    padding elements. Returns ``(handle, description)``.
+    """
+    definition = role.op
+    register_definition(definition)
+    memo = _state(definition)["_sites"]
+    avals_in, avals_out = tuple(avals_in), tuple(avals_out)
+    memo_key = (role, kwargs, batch, padded, avals_in, avals_out)
+    handle = memo.get(memo_key)
+    if handle is None:
+        callee_in = avals_in[:len(avals_in) - padded]
+        text, key = describe(role, kwargs, batch, callee_in, avals_out, padded)
+        with _lock:
+            handle = _live.get(key)
+            if handle is None:
+                handle = _register(role, kwargs, batch, callee_in, avals_out, padded, key, text)
+            elif handle.description != text:  # two descriptions, one digest: never run either
+                raise JaxbindError(
+                    f"jaxbind {role.label}: its call site's key collides with another site's "
+                    "(a 2**-63 event); rename the op (name=...) to change its key.")
+        memo[memo_key] = handle
+    return handle
+
+
+def _register(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded, key, text) -> SiteHandle:
+    """Register a site in the compiled core (under ``_lock``)."""
+    callback, can_batch, kind = role.callback, role.op.func_can_batch, as_batch(batch)
+    batch_axes = kind.callback_batch_axes
+    layout = kind.site_layout(role)
+    valid_levels = batch.levels if padded else 0
+    if isinstance(callback, NativeKernel):
+        entries = kernel_kwargs(kwargs.values, role.label, batch_axes, len(avals_in), can_batch)
+        address = callback.address_for(avals_in, avals_out, kwargs.values)
+        dump = b""
+        serial = _trampoline.register_site(key, role.label, None, dump, *layout, address, entries,
+                                           valid_levels)
+    else:
+        dump = kwargs.with_values(batch_axes=batch_axes).dump if can_batch else kwargs.dump
+        serial = _trampoline.register_site(key, role.label, callback, dump, *layout, 0, [],
+                                           valid_levels)
+    handle = SiteHandle(serial, key, text, callback, dump)
+    _live[key] = handle
+    return handle
+
+
+def check_exportable(role: Role) -> None:
+    """A serialized program names ops by name: refuse one another process could not resolve."""
+    name = role.op.name
+    others = [d for d, _ in _definitions_named(name)]
+    if len(others) > 1:
+        raise ValueError(
+            f"jaxbind op '{name}': this process defines {len(others)} different ops named "
+            f"'{name}', and a serialized program names its ops by name: give them distinct "
+            "name=... (get_linear_call / get_nonlinear_call) before exporting.")
+
+
+# ---------------------------------------------------------------------------
+# Programs made elsewhere
+# ---------------------------------------------------------------------------
+
+
+def resolve(key: int, text: str) -> None:
+    """Make this process's site for a key a program names, or raise why it cannot.
+
+    Called by the compiled core (under the GIL, from the thread running the
+    program) when it has no live site for ``key``.
+    """
+    description = _read(text)
+    name = description["op"]
+    if key_of(text) != key:
+        raise JaxbindError(
+            f"jaxbind op '{name}': the program's call-site key does not match its description: "
+            "the program was altered.")
+    definition = _find_definition(name, description)
+    label = f"op '{name}'"
+    structure = _structure(definition)
+    if description.get("def") != structure:
+        theirs = description.get("def") or {}
+        differs = ", ".join(f"{field} ({theirs.get(field)!r} there, {structure[field]!r} here)"
+                            for field in structure if theirs.get(field) != structure[field])
+        raise JaxbindError(
+            f"jaxbind {label}: the program was made with a different op of this name: {differs}. "
+            "Define the op here as it was defined where the program was made.")
+    try:
+        family, slot, n_fixed, in_sizes = description["role"]
+        if not (0 <= family < len(definition.families)
+                and 0 <= slot < len(definition.families[family].callbacks)):
+            raise ValueError("no such callback")
+        role = Role(definition, int(family), int(slot), int(n_fixed), tuple(int(s) for s in in_sizes))
+        batch = _batch_from_json(description["batch"])
+        padded = bool(description["padded"])
+        avals_in = tuple(jax.core.ShapedArray(tuple(s), np.dtype(t)) for s, t in description["in"])
+        avals_out = tuple(jax.core.ShapedArray(tuple(s), np.dtype(t)) for s, t in description["out"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise JaxbindError(
+            f"jaxbind {label}: the program's description of the call is not valid ({err}); "
+            "was the program altered?") from None
+    kwargs = Kwargs(_load_plain(base64.b64decode(description["kwargs"]), label), name)
+    with _lock:
+        handle = _live.get(key)
+        if handle is None:
+            handle = _register(role, kwargs, batch, avals_in, avals_out, padded, key, text)
+        _state(definition)["_resolved"][key] = handle  # lives as long as the op
+
+
+def _read(text: str) -> dict:
+    try:
+        description = json.loads(text)
+        if not isinstance(description, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        raise JaxbindError(
+            "jaxbind: the program names a jaxbind call site whose description is not readable: "
+            "the program was altered or made by an unknown tool.") from None
+    schema = description.get("schema")
+    name = description.get("op", "?")
+    if schema != SCHEMA:
+        raise JaxbindError(
+            f"jaxbind op '{name}': the program was made by a jaxbind whose call-site schema is "
+            f"{schema!r}; this jaxbind reads schema {SCHEMA}. Run it with the jaxbind version that "
+            "made it, or make (export) the program again with this one.")
+    if not isinstance(name, str) or not isinstance(description.get("kwargs"), str):
+        raise JaxbindError("jaxbind: the program's description of a call names no op: was it altered?")
+    return description
+
+
+def _find_definition(name: str, description: dict) -> OpDef:
+    live = _definitions_named(name)
+    index = description.get("index")
+    if index is not None:  # made by a lowering in a process like this one
+        matches = [d for d, i in live if i == index]
+    else:
+        matches = [d for d, _ in live]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise JaxbindError(
+            f"jaxbind op '{name}': the program calls op '{name}', which this process does not "
+            f"define (now): define it (jaxbind.get_linear_call / get_nonlinear_call with "
+            f"name='{name}', as where the program was made) before calling the program.")
+    raise JaxbindError(
+        f"jaxbind op '{name}': the program calls op '{name}', and this process defines "
+        f"{len(matches)} different ops of that name, so it cannot tell which: give them distinct "
+        "name=... values.")
+
+
+# What kwargs read from a program may be made of: plain data, never a callable.
+_PLAIN_GLOBALS = {
+    ("builtins", n) for n in ("complex", "set", "frozenset", "slice", "range", "bytearray")
+} | {("collections", "OrderedDict")} | {
+    (module, n)
+    for module in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray",
+                   "numpy.core.numeric", "numpy._core.numeric")
+    for n in ("_reconstruct", "ndarray", "dtype", "scalar", "_frombuffer")
+}
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) in _PLAIN_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def _load_plain(dump: bytes, label: str) -> dict:
+    """Kwargs from a program's bytes, built only from plain data types."""
+    try:
+        values = _PlainUnpickler(io.BytesIO(dump)).load()
+        if not isinstance(values, dict):
+            raise pickle.UnpicklingError("not a dict")
+    except Exception as err:
+        raise JaxbindError(
+            f"jaxbind {label}: the program's kwargs cannot be read here ({err}): kwargs travel in "
+            "a serialized program only as plain data (numbers, strings, bools, None, lists, "
+            "tuples, dicts, sets and NumPy arrays or scalars).") from None
+    return values
+
+
+_trampoline.set_resolver(resolve)
