@@ -230,3 +230,19 @@ def lowering_for_export(ctx) -> bool:
     """Whether this lowering makes a program for ``jax.export`` (serialized, run elsewhere)."""
     parameters = getattr(ctx.module_context, "lowering_parameters", None)
     return bool(getattr(parameters, "for_export", False))
+
+
+def hold_weakly_in_jax_caches(param_type: type) -> None:
+    """Let JAX's caches keyed by primitive parameters hold ``param_type`` weakly.
+
+    JAX caches the abstract evaluation of a primitive by its parameters
+    (2048 entries, strong references except for the types it lists as weak
+    keys, such as jaxprs): without this, an op's definition, and so its
+    callbacks and what they capture, would outlive every program that uses
+    it until 2048 newer entries pushed it out.
+    """
+    try:
+        from jax._src import util as _util
+        _util.weakref_cache_key_types.add(param_type)
+    except (ImportError, AttributeError):  # a JAX without the set: nothing holds it there
+        pass

@@ -14,7 +14,8 @@ from ._autodiff import jaxbind_jvp, jaxbind_transpose
 from ._batch_types import NativeBatch, WalkBatch  # noqa: F401  (the batch parameter's types)
 from ._batching import jaxbind_batch
 from ._bind import bind, jaxbind_p
-from ._jax_compat import ad, apply_primitive, batching, mlir
+from ._definition import Role
+from ._jax_compat import ad, apply_primitive, batching, hold_weakly_in_jax_caches, mlir
 from ._lowering import jaxbind_lowering
 from ._runtime import ASYNC_TARGET, SUPPORTED_DTYPES, TARGET  # noqa: F401
 from ._validation import is_differentiable  # noqa: F401
@@ -31,3 +32,4 @@ ad.primitive_jvps[jaxbind_p] = jaxbind_jvp
 ad.primitive_transposes[jaxbind_p] = jaxbind_transpose
 batching.primitive_batchers[jaxbind_p] = jaxbind_batch
 mlir.register_lowering(jaxbind_p, jaxbind_lowering, platform="cpu")
+hold_weakly_in_jax_caches(Role)  # the parameter that holds an op's definition

@@ -1,0 +1,228 @@
+"""Call sites: what a compiled program names them by, what it cannot make this process
+call, and how long they live (freed with their op and the last program that names them)."""
+
+import gc
+import json
+import pickle
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbind
+from jaxbind import _primitive, _sites, _trampoline
+
+like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
+
+
+def doubling(out, args, kwargs_dump):
+    out[0][...] = 2 * args[-1]
+
+
+def make_op(name, f=doubling):
+    return jaxbind.get_linear_call(f, f, like, like, name=name)
+
+
+def description_of(fn, *args):
+    """The (description, key) pairs of the jaxbind calls in fn's program."""
+    text = jax.jit(fn).lower(*args).as_text()
+    found = []
+    for line in text.splitlines():
+        if "jaxbind_dispatch" in line and "jaxbind = " in line:
+            raw = line.split('jaxbind = "', 1)[1].split('", site = ', 1)
+            key = int(raw[1].split(" ", 1)[0])
+            found.append((raw[0].replace("\\22", '"'), key))
+    return found
+
+
+def call_forged(text, key=None, shape=(2,)):
+    key = _sites.key_of(text) if key is None else key
+    call = jax.ffi.ffi_call(_primitive.TARGET, jax.ShapeDtypeStruct(shape, jnp.float32))
+    x = jnp.arange(1, 1 + np.prod(shape), dtype=jnp.float32).reshape(shape)
+    return np.asarray(jax.jit(lambda v: call(v, jaxbind=text, site=np.int64(key)))(x))
+
+
+def test_a_program_names_its_sites_by_what_defines_them():
+    op = make_op("named_site")
+    x = jnp.ones(3)
+    first = description_of(lambda v: op(v, factor=2)[0], x)
+    again = description_of(lambda v: op(v, factor=2)[0], x)
+    assert first == again and len(first) == 1
+    description = json.loads(first[0][0])
+    assert description["op"] == "named_site" and description["schema"] == _sites.SCHEMA
+    assert description["index"] == 0 and first[0][1] == _sites.key_of(first[0][0])
+    assert pickle.loads(__import__("base64").b64decode(description["kwargs"])) == {"factor": 2}
+    # another op of the same name (other callbacks) is another site: index 1
+    other = make_op("named_site", f=lambda out, args, kw: out[0].__setitem__(..., 3 * args[0]))
+    theirs = description_of(lambda v: other(v, factor=2)[0], x)
+    assert json.loads(theirs[0][0])["index"] == 1 and theirs[0][1] != first[0][1]
+    np.testing.assert_allclose(op(x, factor=2)[0], 2 * np.ones(3))
+    np.testing.assert_allclose(other(x, factor=2)[0], 3 * np.ones(3))
+    # an equal definition (same functions, flags, name) shares the index and the site
+    same = make_op("named_site")
+    assert description_of(lambda v: same(v, factor=2)[0], x) == first
+
+
+def test_forged_and_foreign_programs_are_errors_naming_the_op():
+    op = make_op("forge_target")
+    (text, key), = description_of(lambda v: op(v)[0], jnp.ones(2, jnp.float32))
+    description = json.loads(text)
+    encode = lambda d: json.dumps(d, sort_keys=True, separators=(",", ":"))  # noqa: E731
+    # the real site, and the same call as another process would describe it (no index)
+    np.testing.assert_allclose(call_forged(text, key), [2, 4])
+    exported = dict(description)
+    del exported["index"]
+    np.testing.assert_allclose(call_forged(encode(exported)), [2, 4])
+    cases = {
+        "does not define": dict(description, op="never_defined_op"),
+        "different op of this name": dict(description, **{"def": dict(description["def"], residuals=2)}),
+        "schema is 9": dict(description, schema=9),
+        "no such callback": dict(description, role=[3, 0, 0, [1]]),
+    }
+    for message, forged in cases.items():
+        with pytest.raises(Exception, match=message) as info:
+            call_forged(encode(forged))
+        assert "jaxbind" in str(info.value)
+    with pytest.raises(Exception, match="does not match its description"):
+        call_forged(text, key=key + 1)
+    with pytest.raises(Exception, match="not readable"):
+        call_forged("{not json")
+
+
+class _Planted:
+    called = False
+
+    def __reduce__(self):
+        return (_plant, ())
+
+
+def _plant():
+    _Planted.called = True
+    return 0
+
+
+def test_kwargs_from_a_program_are_plain_data_only():
+    op = make_op("plain_kwargs")
+    (text, _), = description_of(lambda v: op(v)[0], jnp.ones(2, jnp.float32))
+    description = json.loads(text)
+    del description["index"]
+    evil = pickle.dumps({"factor": _Planted()})
+    description["kwargs"] = __import__("base64").b64encode(evil).decode()
+    with pytest.raises(Exception, match="plain data"):
+        call_forged(json.dumps(description, sort_keys=True, separators=(",", ":")))
+    assert not _Planted.called
+    # numbers, arrays and containers do travel
+    fine = {"a": [1, 2.5, 3j], "b": np.arange(3), "c": {"d": (None, True)}, "e": np.float32(2)}
+    assert _sites._load_plain(pickle.dumps(fine), "op 'x'")["b"].tolist() == [0, 1, 2]
+
+
+def test_export_in_process_and_duplicate_names():
+    op = make_op("exported_here")
+    x = jnp.arange(3.0)
+    exp = jaxbind.export(jax.jit(lambda v: op(v)[0] ** 2))(x)
+    assert "jaxbind_dispatch" in exp.mlir_module()
+    np.testing.assert_allclose(exp.call(x), (2 * x) ** 2)
+    np.testing.assert_allclose(jax.grad(lambda v: exp.call(v).sum())(x), 8 * x)
+    # without jaxbind.export, jax.export refuses the unknown target (JAX's check)
+    with pytest.raises(ValueError, match="jaxbind_dispatch"):
+        jax.export.export(jax.jit(lambda v: op(v)[0]))(x)
+    twin = make_op("exported_here", f=lambda out, args, kw: out[0].__setitem__(..., args[0]))
+    with pytest.raises(ValueError, match="2 different ops named 'exported_here'.*distinct name="):
+        jaxbind.export(jax.jit(lambda v: twin(v)[0]))(x)
+
+
+# ---------------------------------------------------------------------------
+# Lifetimes
+# ---------------------------------------------------------------------------
+
+
+def factory(big):
+    def apply(out, args, kwargs_dump):
+        out[0][...] = big[: args[0].size].reshape(args[0].shape) * args[0]
+    return jaxbind.get_linear_call(apply, apply, like, like, name="factory_op")
+
+
+def collect():
+    for _ in range(3):
+        gc.collect()
+
+
+@pytest.mark.parametrize("how", ["eager", "jit", "grad_vmap"])
+def test_ops_dropped_after_use_are_freed(how):
+    x = jnp.ones((2, 3))
+    live_before = _trampoline.num_live_sites()
+    refs = []
+    for k in range(5):
+        big = np.full(10**6, float(k + 1))  # 8 MB each
+        refs.append(weakref.ref(big))
+        op = factory(big)
+        if how == "eager":
+            value = op(x)[0]
+        elif how == "jit":
+            value = jax.jit(lambda v: op(v)[0] + 0)(x)
+        else:
+            value = jax.jit(jax.vmap(jax.grad(lambda v: op(v)[0].sum())))(x)
+        np.testing.assert_allclose(value, (k + 1) * np.ones((2, 3)))
+        del big, op, value
+    collect()
+    assert [r() is None for r in refs] == [True] * 5
+    assert _trampoline.num_live_sites() <= live_before
+
+
+def test_a_kept_program_keeps_its_sites_and_frees_them_with_it():
+    big = np.full(10**6, 3.0)
+    ref = weakref.ref(big)
+    op = factory(big)
+    x = jnp.ones(4)
+    compiled = jax.jit(lambda v: op(v)[0] * 2).lower(x).compile()
+    kept = jax.jit(lambda v: op(v)[0] - 1)
+    np.testing.assert_allclose(kept(x), 2 * np.ones(4))
+    live = _trampoline.num_live_sites()
+    del big, op
+    collect()
+    assert ref() is not None  # programs that can still run hold it
+    np.testing.assert_allclose(compiled(x), 6 * np.ones(4))
+    np.testing.assert_allclose(kept(x), 2 * np.ones(4))
+    del compiled, kept
+    collect()
+    assert ref() is None and _trampoline.num_live_sites() < live
+
+
+def test_native_sites_are_freed_too(kernels):
+    live_before = _trampoline.num_live_sites()
+    for factor in (2.0, 3.0):
+        op = jaxbind.get_linear_call(kernels.jb_scale, kernels.jb_scale, like, like, name="native_freed")
+        np.testing.assert_allclose(op(jnp.ones(3), factor=factor)[0], factor * np.ones(3))
+        np.testing.assert_allclose(jax.jit(jax.vmap(lambda v: op(v, factor=factor)[0]))(jnp.ones((2, 3))),
+                                   factor * np.ones((2, 3)))
+        del op
+    collect()
+    assert _trampoline.num_live_sites() <= live_before
+
+
+def test_a_freed_site_named_again_is_resolved_or_refused():
+    # A serialized program outlives the op it resolved: calling it after the op
+    # is gone is an error naming the op; defining the op again makes it run.
+    op = make_op("comes_and_goes")
+    x = jnp.arange(3.0)
+    # (an Exported holds the function it was made from: keep only its bytes)
+    exp = jax.export.deserialize(jaxbind.export(jax.jit(lambda v: op(v)[0]))(x).serialize())
+    np.testing.assert_allclose(exp.call(x), 2 * x)
+    del op
+    jax.clear_caches()
+    collect()
+    with pytest.raises(Exception, match="op 'comes_and_goes'.*does not define"):
+        np.asarray(exp.call(x))
+    again = make_op("comes_and_goes", f=lambda out, args, kw: out[0].__setitem__(..., 5 * args[0]))  # noqa: F841
+    np.testing.assert_allclose(exp.call(x), 5 * x)
+
+
+def test_the_eager_cache_is_bounded():
+    from jaxbind import _op
+    op = make_op("many_kwargs")
+    for k in range(_op.EAGER_CACHE_SIZE + 20):
+        np.testing.assert_allclose(op(jnp.ones(1), k=k)[0], [2.0])
+    assert len(_op._EAGER) <= _op.EAGER_CACHE_SIZE
+    assert len(op._eager_keys) <= _op.EAGER_CACHE_SIZE + 1

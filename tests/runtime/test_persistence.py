@@ -1,0 +1,77 @@
+"""Programs that outlive the process: JAX's persistent compilation cache and jax.export.
+
+Each case runs ``_persistence_job.py`` in fresh processes (two forced CPU devices)
+sharing a temporary folder, and reads the JSON line each prints.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_persistence_job.py")
+PROGRAMS = ("forward", "native", "grad_with_residuals", "vmap", "sharded_walk", "eager")
+
+
+def run_job(*args):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, JOB, *map(str, args)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def files_in(folder):
+    return sorted(os.listdir(folder))
+
+
+def test_a_second_process_hits_the_cache_and_writes_nothing(tmp_path):
+    cache = tmp_path / "cache"
+    cold = run_job("cache", cache, "a")
+    written = files_in(cache)
+    warm = run_job("cache", cache, "a")
+    for name in PROGRAMS:
+        assert cold[name]["ok"] and warm[name]["ok"], (name, cold[name], warm[name])
+        assert not cold[name]["hit"], (name, "hit in an empty cache")
+        assert warm[name]["hit"], (name, "missed in the second process")
+    assert cold["partitioned"] and warm["partitioned"]
+    assert written and files_in(cache) == written  # the rerun added no entries
+    # The callback's code changed (not the op): the cached program runs the new code.
+    changed = run_job("cache", cache, "b")
+    for name in PROGRAMS:
+        assert changed[name]["hit"] and changed[name]["ok"], (name, changed[name])
+    assert files_in(cache) == written
+
+
+@pytest.fixture(scope="module")
+def blob(tmp_path_factory):
+    path = tmp_path_factory.mktemp("export") / "program.bin"
+    assert run_job("export", path) == {"made": True}
+    return path
+
+
+def test_an_exported_program_runs_in_a_process_that_defines_its_ops(blob):
+    # The importer defines other ops first: ops are found by name, not by order.
+    assert run_job("import", blob, "all") == {"eager": True, "jitted": True, "grad": True}
+
+
+def test_an_exported_program_names_the_op_a_process_lacks(blob):
+    error = run_job("import", blob, "none")["error"]
+    assert "op 'scale'" in error and "does not define" in error and "name='scale'" in error, error
+
+
+def test_an_exported_program_refuses_ambiguous_names(blob):
+    error = run_job("import", blob, "dup")["error"]
+    assert "2 different ops of that name" in error and "distinct name=" in error, error
+
+
+def test_an_unknown_schema_is_refused(blob, tmp_path):
+    data = blob.read_bytes()
+    assert data.count(b'"schema":1') >= 2  # the forward and its vjp
+    future = tmp_path / "future.bin"
+    future.write_bytes(data.replace(b'"schema":1', b'"schema":7'))
+    error = run_job("import", future, "all")["error"]
+    assert "schema is 7" in error and "reads schema 1" in error and "op '" in error, error
