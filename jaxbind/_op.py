@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import numbers
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -19,24 +21,67 @@ from ._sites import register_definition
 __all__ = ["Op"]
 
 
-class Op:
+class OpFunction(NamedTuple):
+    """What an op's ``functools.partial`` form carries as its ``_func`` keyword.
+
+    Code written for JAXbind reads ops as ``functools.partial(call, _func=...)``
+    and may make a variant with ``op.keywords["_func"]._replace(can_batch=False)``
+    and ``functools.partial(op.func, **keywords)``: that variant is the same op
+    without native batching (vmap then walks the batch).
+    """
+
+    definition: OpDef
+    can_batch: bool
+
+
+def _call_function(*args, _func: OpFunction, **kwargs):
+    """``op.func``: calls the op that ``_func`` describes."""
+    return Op.of(_func)(*args, **kwargs)
+
+
+class Op(functools.partial):
     """A callable JAX operation made from user callbacks.
 
     ``op(*arrays, **kwargs)`` returns the list of outputs. Keyword arguments are
     static: they reach ``abstract`` as keyword arguments and the callbacks
     serialized in ``kwargs_dump``. Ops built from the same functions and flags
-    compare and hash equal.
+    compare and hash equal. An op is also a ``functools.partial`` of
+    ``op.func`` with the keyword ``_func`` (an :class:`OpFunction`), as
+    JAXbind's ops are; calling that partial's parts calls the op.
     """
 
-    # __dict__: code written for JAXbind sets attributes on ops (op.__doc__ = ...);
-    # they play no part in equality or hashing.
-    __slots__ = ("definition", "_entries", "_eager_keys", "__dict__", "__weakref__")
+    # functools.partial gives ops a __dict__ (code written for JAXbind sets
+    # attributes on ops, op.__doc__ = ...) and weak references; neither plays
+    # a part in equality or hashing.
+    __slots__ = ("definition", "_entries", "_eager_keys")
 
-    def __init__(self, definition: OpDef):
+    def __new__(cls, definition: OpDef):
+        self = super().__new__(cls, _call_function, _func=OpFunction(definition, definition.func_can_batch))
         self.definition = definition
         self._entries = {}  # number of arguments -> the role the op then plays
         self._eager_keys = []  # its entries in _EAGER
         register_definition(definition)  # its place among the ops of its name
+        return self
+
+    def __init__(self, definition: OpDef):
+        pass  # (made in __new__: functools.partial takes its arguments there)
+
+    @staticmethod
+    def of(function: OpFunction) -> "Op":
+        """The op an :class:`OpFunction` describes (its own, or its variant with other flags)."""
+        definition = function.definition
+        if function.can_batch == definition.func_can_batch:
+            variant = definition
+        else:
+            variant = dataclasses.replace(definition, func_can_batch=bool(function.can_batch))
+        ops = vars(definition).setdefault("_variant_ops", {})
+        op = ops.get(variant.func_can_batch)
+        if op is None:
+            op = ops[variant.func_can_batch] = Op(variant)
+        return op
+
+    def __reduce__(self):
+        return (Op, (self.definition,))
 
     def __del__(self):
         # The op's eager calls go with it (they hold its definition, and so its
@@ -74,7 +119,10 @@ class Op:
             if len(_EAGER) > EAGER_CACHE_SIZE:
                 _EAGER.popitem(last=False)
         else:
-            _EAGER.move_to_end(key)
+            try:
+                _EAGER.move_to_end(key)
+            except KeyError:  # evicted meanwhile by another thread's call
+                pass
         try:
             return call(*args)
         except ValueError as err:

@@ -78,3 +78,43 @@ def test_ops_take_attributes_such_as_a_docstring():
     assert twin.__doc__ != op.__doc__
     assert op == twin and hash(op) == hash(twin)
     np.testing.assert_allclose(op(jnp.full(2, 2.0), jnp.ones(2))[0], np.full(2, 4.0))
+
+
+def batched_scale(out, args, kwargs_dump):
+    """y = 3 x; with native batching the batch axes arrive as a kwarg (and are ignored: elementwise)."""
+    kwargs = jaxbind.load_kwargs(kwargs_dump)
+    CALLS.append(kwargs.get("batch_axes"))
+    out[0][...] = 3 * args[0]
+
+
+def batched_like(x, batch_axes=None, **kwargs):
+    if batch_axes:  # the output's batch axis: the input's
+        return ((x.shape, x.dtype, batch_axes[0][0]),)
+    return ((x.shape, x.dtype),)
+
+
+CALLS = []
+
+
+def test_an_op_is_a_partial_whose_func_variant_drops_native_batching():
+    # JAXbind's ops are functools.partial(call, _func=<namedtuple>); its own
+    # contrib tests make an op without native batching from those parts.
+    op = jaxbind.get_linear_call(batched_scale, batched_scale, batched_like, batched_like,
+                                 func_can_batch=True, name="partial_form")
+    assert isinstance(op, functools.partial) and "_func" in op.keywords
+    keywords = dict(op.keywords)
+    keywords["_func"] = keywords["_func"]._replace(can_batch=False)
+    walked = functools.partial(op.func, *op.args, **keywords)
+    x = jnp.arange(12.0).reshape(4, 3)
+    CALLS.clear()
+    np.testing.assert_allclose(jax.vmap(lambda v: op(v)[0])(x), 3 * x)
+    assert CALLS == [((0,),)]  # one call, the batch handed over whole
+    CALLS.clear()
+    np.testing.assert_allclose(jax.vmap(lambda v: walked(v)[0])(x), 3 * x)
+    assert CALLS == [None] * 4  # walked: one call per element, no batch axes
+    check_grads(lambda v: walked(v)[0], (x,), order=1, modes=("fwd", "rev"))
+    # the unchanged parts call the op itself
+    same = functools.partial(op.func, *op.args, **op.keywords)
+    np.testing.assert_allclose(same(x)[0], 3 * x)
+    assert hash(op) == hash(jaxbind.get_linear_call(batched_scale, batched_scale, batched_like, batched_like,
+                                                     func_can_batch=True, name="partial_form"))

@@ -28,6 +28,9 @@ except ImportError as _err:
         name="ducc0",
     ) from _err
 
+import numpy as _np
+
+from ._common import _COMPLEX_OF, _REAL_OF
 from ._fft import c2c, genuine_fht
 from ._sht import alm2realalm, get_healpix_sht, healpix_sht, nalm, realalm2alm
 from ._wgridder import get_wgridder, wgridder
@@ -36,3 +39,33 @@ __all__ = [
     "alm2realalm", "c2c", "genuine_fht", "get_healpix_sht", "get_wgridder", "healpix_sht", "nalm",
     "realalm2alm", "wgridder",
 ]
+
+
+# JAXbind 1.3.1's module had these private helpers, which its own tests (and
+# code copied from them) call: the same, in terms of this module's.
+def _complextype(dtype):
+    """The complex dtype of a real one (float32 -> complex64, float64 -> complex128)."""
+    return _COMPLEX_OF[_np.dtype(dtype)]
+
+
+def _realtype(dtype):
+    """The real dtype of a complex one (complex64 -> float32, complex128 -> float64)."""
+    return _REAL_OF[_np.dtype(dtype)]
+
+
+def _alm2realalm(alm, lmax, dtype, out=None):
+    """:func:`alm2realalm` with JAXbind 1.3.1's signature (``dtype``: the real dtype; into ``out``)."""
+    packed = alm2realalm(_np.asarray(alm).astype(_complextype(dtype), copy=False), lmax)
+    if out is None:
+        return packed
+    out[...] = packed
+    return out
+
+
+def _realalm2alm(alm, lmax, dtype, out=None):
+    """:func:`realalm2alm` with JAXbind 1.3.1's signature (``dtype``: the complex dtype; into ``out``)."""
+    unpacked = realalm2alm(_np.asarray(alm).astype(_realtype(dtype), copy=False), lmax)
+    if out is None:
+        return unpacked
+    out[...] = unpacked
+    return out
