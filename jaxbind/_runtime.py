@@ -6,6 +6,7 @@ import atexit
 import gc
 import os
 import traceback
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -100,6 +101,9 @@ def _owner(array, kept_ids):
     return None
 
 
+_PROXY_TYPES = (weakref.ProxyType, weakref.CallableProxyType)
+
+
 def _heap_containers():
     """Every object that can hold a reference the collector can see.
 
@@ -107,7 +111,8 @@ def _heap_containers():
     that hold only objects it does not track (NumPy arrays among them), so
     ``(x[1:],)`` kept in a list is found by following those too.
     """
-    containers = gc.get_objects()
+    # A weak proxy whose object died raises on isinstance(): none holds anything.
+    containers = [obj for obj in gc.get_objects() if type(obj) not in _PROXY_TYPES]
     seen = {id(obj) for obj in containers}
     frontier = containers
     while frontier:
@@ -153,6 +158,8 @@ def _retire_aliases(views):
 
     aliases = {}
     for obj in gc.get_referents(*holders):
+        if type(obj) in _PROXY_TYPES:
+            continue
         if (isinstance(obj, np.ndarray) and id(obj) not in kept_ids and not obj.flags.owndata
                 and id(obj) not in aliases and overlaps(obj)):
             owner = _owner(obj, kept_ids)

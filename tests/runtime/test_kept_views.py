@@ -312,3 +312,26 @@ def test_an_input_array_the_user_views_themselves_is_not_cut_off():
         jax.block_until_ready(op(x)[0])
     assert kept[0].size == 0
     np.testing.assert_array_equal(mine, np.arange(1024.0) + 1)
+
+
+def test_aliases_are_cut_off_with_dead_weak_proxies_on_the_heap():
+    # isinstance() of a weak proxy whose object died raises ReferenceError: the
+    # heap walk must step over such proxies (a full test run leaves some).
+    class Target:
+        pass
+
+    target = Target()
+    dead = [weakref.proxy(target), weakref.proxy(lambda: None)]
+    del target
+    KEPT.clear()
+
+    def hoard(out, args, kwargs_dump):
+        np.multiply(args[0], 2, out=out[0])
+        KEPT.append(out[0][1:])
+
+    op = jaxbind.get_linear_call(hoard, hoard, same_shape, same_shape)
+    with pytest.raises(RuntimeError, match=r"op 'hoard'.*kept a reference"):
+        jax.block_until_ready(jax.jit(lambda x: op(x)[0])(jnp.arange(8.0)))
+    _assert_cut_off(KEPT[0])
+    assert len(dead) == 2
+    KEPT.clear()
