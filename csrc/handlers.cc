@@ -70,7 +70,7 @@ ffi::Error Dispatch(ffi::ThreadPool pool, std::string_view call, int64_t key,
   if (site.valid_levels != 0 && site.levels == 0) {
     return RunPythonWholePadded(python, raw_args, raw_rets);
   }
-  return RunPython(python, raw_args, raw_rets);
+  return RunPython(python, raw_args, raw_rets, &pool);
 }
 
 // The handler for concurrent native kernels: the kernel runs on XLA's

@@ -82,7 +82,10 @@ struct PythonSite : Site {
   // else holds them (guarded by the GIL).
   mutable PyObject* cached_in = nullptr;
   mutable PyObject* cached_out = nullptr;
-  mutable bool cache_busy = false;
+  mutable std::atomic<bool> cache_busy{false};
+  // Declared safe to call on several threads at once: a walk may then spread
+  // over XLA's thread pool, each thread taking the GIL (see RunPython).
+  bool thread_safe = false;
 };
 
 // A kwarg of a native kernel with the storage its C view points into.
@@ -120,7 +123,8 @@ const AnySite* ResolveSite(int64_t key, std::string_view call, std::string* erro
 void SetResolver(nb::handle fn);
 int64_t RegisterSite(int64_t key, std::string name, nb::handle callable, nb::bytes kwargs_dump,
                      size_t levels, const std::vector<std::vector<int>>& in_masks,
-                     uintptr_t native_address, nb::handle native_kwargs, size_t valid_levels);
+                     uintptr_t native_address, nb::handle native_kwargs, size_t valid_levels,
+                     bool thread_safe);
 void ReleaseSite(int64_t serial);
 
 // ---- The GIL and shutdown (gil.cc) ------------------------------------------
@@ -185,7 +189,8 @@ std::string FindUnwritten(size_t n_out, void* const* outs);
 
 // ---- Calls (python_call.cc, native_call.cc, padded.cc) ---------------------
 
-ffi::Error RunPython(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets);
+ffi::Error RunPython(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets,
+                     ffi::ThreadPool* pool);
 ffi::Error RunNative(const NativeSite& site, size_t n_in, void* const* ins, size_t n_out,
                      void* const* outs, ffi::ThreadPool* pool);
 ffi::Error RunNativeChecked(const NativeSite& site, size_t n_in, void* const* ins, size_t n_out,

@@ -117,45 +117,6 @@ class NativeRunner {
   int code_ = 0;
 };
 
-// Spreading a walk over XLA's thread pool pays only for elements that take
-// longer than waking a thread (tens of microseconds on this kind of machine):
-// the first element is timed, and the rest is split only when it is long.
-constexpr double kParallelMinNs = 100e3;  // the rest of the walk, at least
-constexpr double kChunkMinNs = 25e3;      // one chunk of elements, at least
-
-// The elements [first, total) of a walk split into chunks that the calling thread
-// and helpers on the pool claim one at a time. The caller waits only for
-// chunks a thread has claimed, so it never depends on a helper being
-// scheduled at all; a helper that starts late finds nothing to claim and
-// touches nothing but this object, which it co-owns.
-struct ParallelWalk {
-  const NativeSite* site;
-  const WalkPlan* plan;
-  void* const* ins;
-  void* const* outs;
-  int64_t first = 0, chunk = 1, n_chunks = 0;  // chunk c: [first + c chunk, first + (c+1) chunk)
-  std::atomic<int64_t> next{0};
-  std::atomic<bool> failed{false};
-  std::mutex mutex;
-  std::condition_variable all_done;
-  int64_t done = 0;   // guarded by mutex
-  std::string error;  // the first failure, guarded by mutex
-
-  void Work() {
-    std::optional<NativeRunner> runner;  // made once this thread has a chunk
-    for (int64_t c; (c = next.fetch_add(1)) < n_chunks;) {
-      bool ok = true;
-      if (!failed.load(std::memory_order_relaxed)) {
-        if (!runner) runner.emplace(*site, *plan, ins, outs);
-        ok = runner->Run(first + c * chunk, std::min(plan->total, first + (c + 1) * chunk));
-      }
-      std::lock_guard<std::mutex> lock(mutex);
-      if (!ok && !failed.exchange(true)) error = runner->Message();
-      if (++done == n_chunks) all_done.notify_all();
-    }
-  }
-};
-
 // A native kernel over a whole call (every element of a walk). With a pool,
 // a long walk is spread over XLA's intra-op threads: kernels are reentrant
 // by contract, and each element writes its own part of the outputs.
@@ -170,42 +131,28 @@ ffi::Error RunNativeWalk(const NativeSite& site, size_t n_in, void* const* ins, 
   if (pool == nullptr || plan.total < 2) {
     return runner.Run(0, plan.total) ? ffi::Error::Success() : ErrorText(&site, runner.Message());
   }
-  // The first element may be slow for reasons of its own (cold caches, a first
-  // touch of the kernel's code): time the second one too and go by the faster.
   double element_ns = 0.0;
-  for (int64_t e = 0; e < 2; ++e) {
-    const auto start = std::chrono::steady_clock::now();
-    if (!runner.Run(e, e + 1)) return ErrorText(&site, runner.Message());
-    const double ns =
-        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
-    element_ns = e == 0 ? ns : std::min(element_ns, ns);
+  if (!TimeFirstElements([&](int64_t b, int64_t e) { return runner.Run(b, e); }, &element_ns)) {
+    return ErrorText(&site, runner.Message());
   }
-  const int64_t first = 2, rest = plan.total - first;
-  if (rest <= 0) return ffi::Error::Success();
   const int64_t threads = pool->num_threads();
-  if (threads < 1 || element_ns * rest < kParallelMinNs) {
-    return runner.Run(first, plan.total) ? ffi::Error::Success() : ErrorText(&site, runner.Message());
+  auto walk = std::make_shared<ChunkedWalk>();
+  if (!walk->Plan(2, plan.total, element_ns, threads)) {
+    return runner.Run(2, plan.total) ? ffi::Error::Success() : ErrorText(&site, runner.Message());
   }
-  auto walk = std::make_shared<ParallelWalk>();
-  walk->site = &site;
-  walk->plan = &plan;
-  walk->ins = ins;
-  walk->outs = outs;
-  walk->first = first;
-  // Several chunks per thread (8) keep the threads' shares even at the end of
-  // the walk; none shorter than kChunkMinNs.
-  const int64_t by_time = static_cast<int64_t>(kChunkMinNs / std::max(element_ns, 1.0)) + 1;
-  const int64_t by_balance = (rest + 8 * (threads + 1) - 1) / (8 * (threads + 1));
-  walk->chunk = std::max<int64_t>(1, std::max(by_time, by_balance));
-  walk->n_chunks = (rest + walk->chunk - 1) / walk->chunk;
-  // Every pool thread gets a helper, although the calling thread works too:
-  // an idle pool thread spins looking for work, taking a core anyway
-  // (measured: one helper fewer made a 2-core walk 20% slower).
-  const int64_t helpers = std::min(threads, walk->n_chunks - 1);
-  for (int64_t h = 0; h < helpers; ++h) pool->Schedule([walk]() { walk->Work(); });
-  walk->Work();
-  std::unique_lock<std::mutex> lock(walk->mutex);
-  walk->all_done.wait(lock, [&]() { return walk->done == walk->n_chunks; });
+  // Each thread makes its own runner (its call struct and error buffer) once it has a chunk.
+  auto work = [walk, &site, &plan, ins, outs]() {
+    std::optional<NativeRunner> own;
+    walk->Work([&](int64_t begin, int64_t end, std::string* why) {
+      if (!own) own.emplace(site, plan, ins, outs);
+      if (own->Run(begin, end)) return true;
+      *why = own->Message();
+      return false;
+    });
+  };
+  for (int64_t h = 0, helpers = walk->Helpers(threads); h < helpers; ++h) pool->Schedule([work]() { work(); });
+  work();
+  walk->Wait();
   if (walk->failed.load()) return ErrorText(&site, walk->error);
   return ffi::Error::Success();
 }

@@ -210,7 +210,7 @@ __attribute__((noinline)) ffi::Error RunPythonWholePadded(const PythonSite& site
                           real_args.args = const_cast<void**>(ins);
                           XLA_FFI_Rets real_rets = *rets;
                           real_rets.rets = const_cast<void**>(outs);
-                          return RunPython(site, &real_args, &real_rets);
+                          return RunPython(site, &real_args, &real_rets, /*pool=*/nullptr);
                         });
 }
 

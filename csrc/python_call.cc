@@ -18,7 +18,11 @@ bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Re
     *error = "jaxbind " + site.name + ": the op was freed while the program called it";
     return false;
   }
-  const bool use_cache = !site.cache_busy;
+  // The cached views are this call's only if no other call has them: a
+  // re-entrant or overlapping call (another thread, while this callback
+  // released the GIL, or a parallel walk) makes its own. Claimed atomically,
+  // so that this holds without a GIL too.
+  const bool use_cache = !site.cache_busy.exchange(true, std::memory_order_acquire);
   PyObject* in_tuple = ViewTuple(use_cache ? site.cached_in : nullptr, args->args, args->size,
                                  in_offsets, site, -1, /*writable=*/false);
   PyObject* out_tuple = ViewTuple(use_cache ? site.cached_out : nullptr, rets->rets, rets->size,
@@ -27,9 +31,6 @@ bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Re
   if (!ok) *error = MessageFromPython(site);
   bool kept = false;
   if (ok) {
-    // A re-entrant or overlapping call (another thread, while this callback
-    // released the GIL) makes its own views; only the cache's user frees it.
-    if (use_cache) site.cache_busy = true;
     // Held for the call: the site may be released meanwhile (by the callback, or
     // by another thread while the callback released the GIL).
     PyObject* callable = site.callable;
@@ -40,7 +41,6 @@ bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Re
     PyObject* result = PyObject_Vectorcall(callable, argv, 3, nullptr);
     Py_DECREF(kwargs_dump);
     Py_DECREF(callable);
-    if (use_cache) site.cache_busy = false;
     if (result == nullptr) {
       *error = MessageFromPython(site);  // frees the frames of the traceback
       ok = false;
@@ -86,17 +86,72 @@ bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Re
     if (site.cached_in == in_tuple) Py_CLEAR(site.cached_in);
     if (site.cached_out == out_tuple) Py_CLEAR(site.cached_out);
   }
-  if (site.callable == nullptr) {  // released during the call: its cache goes with it
-    Py_CLEAR(site.cached_in);
-    Py_CLEAR(site.cached_out);
+  if (use_cache) {
+    if (site.callable == nullptr) {  // released during the call: its cache goes with it
+      Py_CLEAR(site.cached_in);
+      Py_CLEAR(site.cached_out);
+    }
+    site.cache_busy.store(false, std::memory_order_release);
   }
   Py_XDECREF(in_tuple);
   Py_XDECREF(out_tuple);
   return ok;
 }
 
-// A Python callback over a whole call: once, or once per element of a walk.
-ffi::Error RunPython(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets) {
+// A walk of a thread-safe site spread over XLA's thread pool, as the native
+// walk is: the calling thread and each helper take the GIL (a kept thread
+// state per pool thread) and call the callback for the elements of the chunks
+// they claim. Callbacks that release the GIL (NumPy on large arrays, SciPy's
+// compiled routines, numba's nogil functions) then run side by side. Called
+// with the GIL held and elements [0, 2) done; returns with the GIL held.
+bool RunPythonParallel(const PythonSite& site, const WalkPlan& plan, const XLA_FFI_Args* callee,
+                       const XLA_FFI_Rets* rets, std::shared_ptr<ChunkedWalk> walk,
+                       int64_t threads, ffi::ThreadPool* pool, std::string* error) {
+  const int out_skip = static_cast<int>(site.levels);
+  auto run = [&site, &plan, callee, rets, out_skip](int64_t begin, int64_t end, std::string* why) {
+    return WalkRange(plan, begin, end, [&](const int64_t* in_off, const int64_t* out_off) {
+      return CallOnce(site, callee, rets, in_off, out_off, out_skip, why);
+    });
+  };
+  auto helper = [walk, run]() {
+    if (walk->next.load() >= walk->n_chunks) return;  // started late: nothing left to claim
+    GilHold gil;  // held until this thread has no chunk left
+    if (!gil.held()) {
+      walk->Work([](int64_t, int64_t, std::string* why) {
+        *why = "the callback was not run: the Python interpreter is shutting down";
+        return false;
+      });
+      return;
+    }
+#if defined(__GLIBCXX__)
+    try {
+#endif
+      walk->Work(run);
+#if defined(__GLIBCXX__)
+    } catch (abi::__forced_unwind&) {
+      gil.Abandon();  // CPython ends this thread: Python is finalizing (see Shutdown)
+      throw;
+    }
+#endif
+  };
+  for (int64_t h = 0, helpers = walk->Helpers(threads); h < helpers; ++h) pool->Schedule([helper]() { helper(); });
+  walk->Work(run);
+  // The helpers need the GIL to finish the chunks they claimed; when this
+  // thread did them all (bodies that hold the GIL), there is nothing to hand over.
+  if (!walk->AllDone()) {
+    Py_BEGIN_ALLOW_THREADS
+    walk->Wait();
+    Py_END_ALLOW_THREADS
+  }
+  if (!walk->failed.load()) return true;
+  *error = walk->error;
+  return false;
+}
+
+// A Python callback over a whole call: once, or once per element of a walk
+// (spread over `pool` when the site is thread-safe and the walk is long).
+ffi::Error RunPython(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets,
+                     ffi::ThreadPool* pool) {
   WalkPlan plan(site.levels, args->size, rets->size);
   if (site.levels != 0) {
     std::string bad = PlanWalk(site, args->args, rets->rets, &plan);
@@ -116,12 +171,27 @@ ffi::Error RunPython(const PythonSite& site, const XLA_FFI_Args* args, const XLA
   if (check) FillSentinel(rets->size, rets->rets);
   std::string error;
   bool ok = false;
+  auto call_range = [&](int64_t begin, int64_t end) {
+    return WalkRange(plan, begin, end, [&](const int64_t* in_off, const int64_t* out_off) {
+      return CallOnce(site, callee, rets, in_off, out_off, out_skip, &error);
+    });
+  };
 #if defined(__GLIBCXX__)
   try {
 #endif
-    ok = WalkRange(plan, 0, plan.total, [&](const int64_t* in_off, const int64_t* out_off) {
-      return CallOnce(site, callee, rets, in_off, out_off, out_skip, &error);
-    });
+    const int64_t threads = pool != nullptr ? pool->num_threads() : 0;
+    double element_ns = 0.0;
+    if (site.thread_safe && site.levels != 0 && threads > 0 && plan.total >= 2) {
+      auto walk = std::make_shared<ChunkedWalk>();
+      ok = TimeFirstElements(call_range, &element_ns);
+      if (ok && walk->Plan(2, plan.total, element_ns, threads)) {
+        ok = RunPythonParallel(site, plan, callee, rets, walk, threads, pool, &error);
+      } else if (ok) {
+        ok = call_range(2, plan.total);
+      }
+    } else {
+      ok = call_range(0, plan.total);
+    }
 #if defined(__GLIBCXX__)
   } catch (abi::__forced_unwind&) {
     gil.Abandon();  // CPython ends this thread: Python is finalizing (see Shutdown)

@@ -161,7 +161,8 @@ void SetLayout(Site& site, size_t levels, const std::vector<std::vector<int>>& i
 // them go. Returns the site's serial number, which the handle releases it by.
 int64_t RegisterSite(int64_t key, std::string name, nb::handle callable, nb::bytes kwargs_dump,
                      size_t levels, const std::vector<std::vector<int>>& in_masks,
-                     uintptr_t native_address, nb::handle native_kwargs, size_t valid_levels) {
+                     uintptr_t native_address, nb::handle native_kwargs, size_t valid_levels,
+                     bool thread_safe) {
   if (key <= 0) throw nb::value_error("a call-site key is positive");
   std::unique_ptr<AnySite> entry;
   if (native_address != 0) {
@@ -175,6 +176,7 @@ int64_t RegisterSite(int64_t key, std::string name, nb::handle callable, nb::byt
     PythonSite& site = std::get<PythonSite>(*entry);
     site.callable = callable.ptr();
     site.kwargs_dump = kwargs_dump.ptr();
+    site.thread_safe = thread_safe;
   }
   Site& site = std::visit([](Site& s) -> Site& { return s; }, *entry);
   site.name = std::move(name);

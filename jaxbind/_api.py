@@ -63,6 +63,12 @@ def _named_callback(f, name):
     return _callback(f, "f", name), name
 
 
+def _check_thread_safe(name: str, thread_safe) -> bool:
+    if not isinstance(thread_safe, (bool, np.bool_)):
+        raise TypeError(f"jaxbind op '{name}': thread_safe must be a bool, got {thread_safe!r:.100}.")
+    return bool(thread_safe)
+
+
 def _check_flags(name: str, first_n_args_fixed, func_can_batch, vmap_method):
     if isinstance(first_n_args_fixed, bool) or not isinstance(first_n_args_fixed, numbers.Integral) \
             or first_n_args_fixed < 0:
@@ -103,6 +109,7 @@ def get_linear_call(
     func_can_batch: bool = False,
     name: Optional[str] = None,
     vmap_method: str = "sequential",
+    thread_safe: bool = False,
 ) -> Op:
     """Create a JAX op from a linear (or multilinear) function and its transpose(s).
 
@@ -134,6 +141,13 @@ def get_linear_call(
         (one call; every batch level is a leading axis of every input, of size 1
         where the input is not mapped) or ``"broadcast_all"`` (one call; inputs
         broadcast to the full batch). The abstracts describe one element.
+      thread_safe: the Python callbacks may run on several threads at once.
+        A vmapped call walked element by element (``"sequential"``) then
+        spreads its elements over XLA's intra-op threads, each taking the GIL:
+        bodies that release it (NumPy on large arrays, SciPy, numba's
+        ``nogil`` functions) run in parallel. Walks whose elements are short
+        (under ~50 microseconds in all) stay on one thread. Native kernels
+        are walked in parallel whatever this says.
 
     Returns:
       The op: ``op(*args, **kwargs)`` returns the list of outputs.
@@ -180,7 +194,8 @@ def get_linear_call(
             labels=("transpose callback", "forward"), linear=True,
         )
         kind = OpKind.LINEAR
-    return Op(OpDef(kind, name, (family,), first_n_args_fixed, func_can_batch, vmap_method))
+    return Op(OpDef(kind, name, (family,), first_n_args_fixed, func_can_batch, vmap_method,
+                    thread_safe=_check_thread_safe(name, thread_safe)))
 
 
 def get_nonlinear_call(
@@ -195,6 +210,7 @@ def get_nonlinear_call(
     name: Optional[str] = None,
     vmap_method: str = "sequential",
     n_residuals: int = 0,
+    thread_safe: bool = False,
 ) -> Op:
     """Create a JAX op from a nonlinear function with its jvp and vjp.
 
@@ -228,6 +244,8 @@ def get_nonlinear_call(
         so that derivatives reuse the forward computation (``f`` runs once per
         primal point under jvp, grad, vmap and jit). Residuals are not
         differentiated.
+      thread_safe: the Python callbacks may run on several threads at once
+        (see ``get_linear_call``).
 
     Returns:
       The op: ``op(*args, **kwargs)`` returns the list of outputs. Derivatives
@@ -251,7 +269,7 @@ def get_nonlinear_call(
                 "abstract_reverse is given; pass None for both, or give f_derivative=(f_jvp, f_vjp)."
             )
         return Op(OpDef(OpKind.NONLINEAR, name, (forward,), first_n_args_fixed, func_can_batch, vmap_method,
-                        n_residuals))
+                        n_residuals, _check_thread_safe(name, thread_safe)))
     if not isinstance(f_derivative, (tuple, list)) or len(f_derivative) != 2:
         raise TypeError(
             f"jaxbind op '{name}': f_derivative must be a pair (f_jvp, f_vjp), or None for an op "
@@ -277,4 +295,4 @@ def get_nonlinear_call(
         kinds=(CallbackKind.VJP, CallbackKind.JVP), labels=("vjp callback", "jvp callback"), linear=True,
     )
     return Op(OpDef(OpKind.NONLINEAR, name, (forward, derivative), first_n_args_fixed, func_can_batch,
-                    vmap_method, n_residuals))
+                    vmap_method, n_residuals, _check_thread_safe(name, thread_safe)))

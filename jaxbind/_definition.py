@@ -120,13 +120,14 @@ class OpDef:
     func_can_batch: bool
     vmap_method: str = "sequential"  # how vmap hands a batch to the callbacks (see _batch_types)
     n_residuals: int = 0  # arrays f writes after its outputs, for the derivatives only
+    thread_safe: bool = False  # Python callbacks may run on several threads at once (walks spread)
 
     def __post_init__(self):  # parameters are hashed often while tracing: once is enough
         object.__setattr__(self, "_hash", hash(self._key()))
 
     def _key(self):
         return (self.kind, self.name, self.families, self.first_n_args_fixed, self.func_can_batch,
-                self.vmap_method, self.n_residuals)
+                self.vmap_method, self.n_residuals, self.thread_safe)
 
     def __eq__(self, other):
         return isinstance(other, OpDef) and (self is other or self._key() == other._key())

@@ -248,7 +248,7 @@ def _register(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded, ke
     else:
         dump = kwargs.with_values(batch_axes=batch_axes).dump if can_batch else kwargs.dump
         serial = _trampoline.register_site(key, role.label, callback, dump, *layout, 0, [],
-                                           valid_levels)
+                                           valid_levels, role.op.thread_safe)
     handle = SiteHandle(serial, key, text, callback, dump)
     _live[key] = handle
     return handle

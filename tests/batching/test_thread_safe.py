@@ -1,0 +1,132 @@
+"""thread_safe=True: a vmapped Python callback walked over XLA's threads, with the
+guarantees of the one-thread walk (results, errors, kept views, the checking mode)."""
+
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbind
+from jaxbind.testing import check_op
+
+like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
+THREADS = []
+
+
+def slow_scale(out, args, kwargs_dump):
+    """y = factor x, slowly (sleeping releases the GIL, as NumPy on large arrays does)."""
+    THREADS.append(threading.get_ident())
+    time.sleep(0.001)
+    out[0][...] = jaxbind.load_kwargs(kwargs_dump).get("factor", 2.0) * args[-1]
+
+
+def make(thread_safe, f=slow_scale, name="slow_scale"):
+    return jaxbind.get_linear_call(f, f, like, like, thread_safe=thread_safe, name=name)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex128])
+def test_a_thread_safe_walk_runs_on_several_threads_with_the_same_results(dtype):
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(24, 5)) + (1j * rng.normal(size=(24, 5)) if dtype == np.complex128 else 0)).astype(dtype)
+    results = {}
+    for thread_safe in (False, True):
+        op = make(thread_safe)
+        f = jax.jit(jax.vmap(lambda v: op(v, factor=1.5)[0]))
+        f(x)  # compiled
+        THREADS.clear()
+        results[thread_safe] = np.asarray(f(x))
+        assert len(THREADS) == 24
+        threads = len(set(THREADS))
+        assert threads == 1 if not thread_safe else threads > 1, (thread_safe, threads)
+        np.testing.assert_allclose(results[thread_safe], 1.5 * x, rtol=1e-6)
+    # nested vmap and grad walk alike
+    op = make(True)
+    y = x.reshape(4, 6, 5)
+    nested = jax.jit(jax.vmap(jax.vmap(lambda v: op(v)[0])))(y)
+    np.testing.assert_allclose(nested, 2 * y, rtol=1e-6)
+    grad = jax.jit(jax.vmap(jax.grad(lambda v: jnp.real(jnp.sum(op(v)[0] * jnp.conj(op(v)[0]))))))(x.real)
+    np.testing.assert_allclose(grad, 8 * x.real, rtol=1e-5)
+
+
+def test_short_elements_stay_on_one_thread():
+    def quick(out, args, kwargs_dump):
+        THREADS.append(threading.get_ident())
+        out[0][...] = 3 * args[0]
+
+    op = make(True, quick, "quick")
+    f = jax.jit(jax.vmap(lambda v: op(v)[0]))
+    x = jnp.ones((64, 3))
+    f(x)
+    THREADS.clear()
+    np.testing.assert_allclose(f(x), 3 * np.ones((64, 3)))
+    assert len(set(THREADS)) == 1
+
+
+def test_a_failing_element_is_an_error_naming_the_op():
+    def fails_at_seven(out, args, kwargs_dump):
+        time.sleep(0.001)
+        if float(args[0][0]) == 7:
+            raise ValueError("element seven is refused")
+        out[0][...] = args[0]
+
+    op = make(True, fails_at_seven, "fails_at_seven")
+    x = jnp.arange(20.0)[:, None] * jnp.ones((1, 3))
+    with pytest.raises(Exception, match=r"op 'fails_at_seven'.*element seven is refused"):
+        jax.block_until_ready(jax.jit(jax.vmap(lambda v: op(v)[0]))(x))
+    # the op goes on working
+    np.testing.assert_allclose(jax.jit(jax.vmap(lambda v: op(v)[0]))(x + 100), x + 100)
+
+
+KEPT = []
+
+
+def test_a_kept_view_in_a_parallel_walk_is_refused_and_cut_off():
+    def keeps_one(out, args, kwargs_dump):
+        time.sleep(0.001)
+        out[0][...] = args[0]
+        if float(args[0][0]) == 11:
+            KEPT.append(out[0])
+
+    op = make(True, keeps_one, "keeps_one")
+    x = jnp.arange(16.0)[:, None] * jnp.ones((1, 4))
+    with pytest.raises(Exception, match=r"op 'keeps_one'.*kept a reference"):
+        jax.block_until_ready(jax.jit(jax.vmap(lambda v: op(v)[0]))(x))
+    assert KEPT and KEPT[0].size == 0 and not KEPT[0].flags.writeable
+    KEPT.clear()
+
+
+def test_the_checking_mode_finds_unwritten_outputs_in_a_parallel_walk():
+    def skips_one(out, args, kwargs_dump):
+        time.sleep(0.001)
+        if float(args[0][0]) != 5:
+            out[0][...] = args[0]
+
+    op = make(True, skips_one, "skips_one")
+    x = jnp.arange(12.0)[:, None] * jnp.ones((1, 2))
+    with _check_unwritten():
+        with pytest.raises(Exception, match=r"op 'skips_one'.*unwritten|op 'skips_one'.*not written"):
+            jax.block_until_ready(jax.jit(jax.vmap(lambda v: op(v)[0]))(x))
+
+
+class _check_unwritten:
+    def __enter__(self):
+        self.before = jaxbind.config.check_unwritten
+        jaxbind.config.check_unwritten = True
+
+    def __exit__(self, *exc):
+        jaxbind.config.check_unwritten = self.before
+
+
+def test_check_op_passes_a_thread_safe_op():
+    report = check_op(make(True), np.linspace(-1.0, 1.0, 6))
+    assert report.checks and not report.skipped, report  # (check_op raises on a failure)
+
+
+def test_thread_safe_must_be_a_bool():
+    with pytest.raises(TypeError, match=r"op 'slow_scale'.*thread_safe must be a bool"):
+        make("yes")
+    with pytest.raises(TypeError, match=r"op 'f'.*thread_safe must be a bool"):
+        jaxbind.get_nonlinear_call(lambda o, a, k: None, None, like, None, name="f", thread_safe=1)
