@@ -1,9 +1,13 @@
 """Native-form checks: a numba cfunc or a ctypes function whose signature is not the kernel's is
 refused when the op is made; a kernel that fails without a message says which op and which
-callback; ops from raw pointers get readable names (the exported symbol) or ask for ``name=``.
+callback; ops from raw pointers get readable names (the exported symbol) or ask for ``name=``;
+the struct layout numba kernels read agrees with the C header.
 """
 
 import ctypes
+import os
+import shutil
+import subprocess
 
 import jax
 import numpy as np
@@ -151,3 +155,51 @@ def test_a_pointer_without_a_symbol_asks_for_a_name():
     op = jaxbind.get_linear_call(jaxbind.native(jit_quiet.address, name="by_hand"), LIB.jb_scale, like_last,
                                  like_last)
     assert op.name == "by_hand"
+
+
+# ---------------------------------------------------------------------------
+# The struct layout numba kernels read, against the C header
+# ---------------------------------------------------------------------------
+
+LAYOUT_SOURCE = r"""
+#include <stddef.h>
+#include <jaxbind.h>
+#define FIELD(s, f) out[n++] = (int64_t)offsetof(s, f)
+int64_t jbt_layout(int64_t *out) {
+  int64_t n = 0;
+  FIELD(jaxbind_call, struct_size); FIELD(jaxbind_call, abi_version); FIELD(jaxbind_call, n_out);
+  FIELD(jaxbind_call, out); FIELD(jaxbind_call, n_in); FIELD(jaxbind_call, in);
+  FIELD(jaxbind_call, n_kwargs); FIELD(jaxbind_call, kwargs); FIELD(jaxbind_call, error);
+  FIELD(jaxbind_call, error_size);
+  FIELD(jaxbind_array, data); FIELD(jaxbind_array, shape); FIELD(jaxbind_array, rank); FIELD(jaxbind_array, dtype);
+  FIELD(jaxbind_kwarg, name); FIELD(jaxbind_kwarg, type); FIELD(jaxbind_kwarg, size);
+  FIELD(jaxbind_kwarg, int_value); FIELD(jaxbind_kwarg, float_value); FIELD(jaxbind_kwarg, string_value);
+  FIELD(jaxbind_kwarg, int_array); FIELD(jaxbind_kwarg, float_array);
+  out[n++] = sizeof(jaxbind_call); out[n++] = sizeof(jaxbind_array); out[n++] = sizeof(jaxbind_kwarg);
+  return n;
+}
+"""
+
+
+def test_the_struct_layout_numba_kernels_read_is_the_headers(tmp_path):
+    compiler = os.environ.get("CC") or shutil.which("cc")
+    if not compiler:
+        pytest.skip("no C compiler")
+    from jaxbind import _numba
+
+    source, library = tmp_path / "layout.c", tmp_path / "liblayout.so"
+    source.write_text(LAYOUT_SOURCE)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    subprocess.run([compiler, "-shared", "-fPIC", "-I", jaxbind.get_include(), str(source), "-o", str(library)],
+                   check=True, env=env)
+    layout = ctypes.CDLL(str(library)).jbt_layout
+    layout.argtypes, layout.restype = [ctypes.POINTER(ctypes.c_int64)], ctypes.c_int64
+    out = (ctypes.c_int64 * 32)()
+    n = layout(out)
+    values = list(out)[:n]
+    mirrored = [getattr(struct, name).offset
+                for struct in (_numba._Call, _numba._Array, _numba._Kwarg) for name, _ in struct._fields_]
+    mirrored += [ctypes.sizeof(s) for s in (_numba._Call, _numba._Array, _numba._Kwarg)]
+    assert values == mirrored
+    # the word indices the generated code uses
+    assert _numba.CALL["in_"] * 8 == values[5] and _numba.KWARG["float_value"] * 8 == values[18]
