@@ -306,14 +306,15 @@ def _check_dtype(dtype, what: str, code: Optional[int] = None) -> np.dtype:
     """``dtype`` if numba takes it (None: the dtype of the code ``code``, which NumPy lacks)."""
     numba = _numba_or_raise()
     try:
-        if dtype is None:
+        if dtype is None or np.dtype(dtype) == np.float16:  # (numba types float16 arrays, but cannot compute with them)
             raise TypeError
         numba.from_dtype(np.dtype(dtype))
     except Exception:
         name = np.dtype(dtype).name if dtype is not None else _DTYPE_NAMES.get(code, f"code {code}")
         raise TypeError(
             f"{what} has dtype {name}, which numba does not support; numba kernels take bool, "
-            "integer, float and complex arrays (cast the argument, or use a C kernel or a Python callback)."
+            "integer, float32, float64, complex64 and complex128 arrays (cast the argument, or use a C "
+            "kernel or a Python callback)."
         ) from None
     return np.dtype(dtype)
 
