@@ -240,7 +240,10 @@ _HOOK_ADDRESS = ctypes.cast(_HOOK, ctypes.c_void_p).value
 class _Program:
     """The numba dispatcher of one function, and everything compiled from it."""
 
-    _by_fn: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+    # Kept for the process, like the code numba compiles for a module's functions: kernels of
+    # the same function share it, and freeing numba's code libraries leaves llvmlite objects
+    # holding dead weakref proxies, which a walk of the heap (the kept-view check) must not meet.
+    _by_fn: dict = {}
     _lock = threading.Lock()
 
     @classmethod

@@ -5,6 +5,7 @@ the struct layout numba kernels read agrees with the C header.
 """
 
 import ctypes
+import functools
 import os
 import shutil
 import subprocess
@@ -32,15 +33,28 @@ def fresh_library():
 # ---------------------------------------------------------------------------
 
 
-def test_a_numba_cfunc_with_another_signature_is_refused():
+@functools.lru_cache(None)
+def cfuncs():
+    """numba cfuncs, made once and kept for the session: a freed cfunc leaves llvmlite a dead weakref
+    proxy, which the kept-view tests' heap walk trips over (a bug of that walk, reported)."""
     numba = pytest.importorskip("numba")
     from numba import types
 
-    wrong = [numba.cfunc(types.float64(types.float64))(lambda x: x),
-             numba.cfunc(types.int64(types.voidptr))(lambda call: 0),
-             numba.cfunc(types.int32(types.voidptr, types.int64))(lambda call, n: 0),
-             numba.cfunc(types.int32(types.float64))(lambda x: 0)]
-    for cfunc in wrong:
+    def jit_quiet(call):  # JIT code: no exported symbol at its address
+        return 3
+
+    return dict(
+        wrong=[numba.cfunc(types.float64(types.float64))(lambda x: x),
+               numba.cfunc(types.int64(types.voidptr))(lambda call: 0),
+               numba.cfunc(types.int32(types.voidptr, types.int64))(lambda call, n: 0),
+               numba.cfunc(types.int32(types.float64))(lambda x: 0)],
+        right=[numba.cfunc(types.int32(types.voidptr))(lambda call: 0),
+               numba.cfunc(types.int32(types.CPointer(types.int64)))(lambda call: 0)],
+        jit_quiet=numba.cfunc(types.int32(types.voidptr))(jit_quiet))
+
+
+def test_a_numba_cfunc_with_another_signature_is_refused():
+    for cfunc in cfuncs()["wrong"]:
         with pytest.raises(TypeError, match=r"op 'jb_scale': f_T is a numba\.cfunc with the signature "
                                             r".*int32\(numba\.types\.voidptr\)"):
             jaxbind.get_linear_call(LIB.jb_scale, cfunc, like_last, like_last)
@@ -49,8 +63,7 @@ def test_a_numba_cfunc_with_another_signature_is_refused():
         with pytest.raises(TypeError, match=r"numba\.cfunc with the signature"):
             jaxbind.native(cfunc)
     # the kernel signature, spelled either way, is taken (and runs)
-    for signature in (types.int32(types.voidptr), types.int32(types.CPointer(types.int64))):
-        quiet = numba.cfunc(signature)(lambda call: 0)
+    for quiet in cfuncs()["right"]:
         op = jaxbind.get_linear_call(quiet, quiet, like_first, like_first, name="quiet")
         jax.block_until_ready(op(np.ones(2)))
 
@@ -128,13 +141,7 @@ def test_raw_pointers_are_named_after_their_symbol():
 
 
 def test_a_pointer_without_a_symbol_asks_for_a_name():
-    numba = pytest.importorskip("numba")
-    from numba import types
-
-    @numba.cfunc(types.int32(types.voidptr))
-    def jit_quiet(call):  # JIT code: no exported symbol at its address
-        return 3
-
+    jit_quiet = cfuncs()["jit_quiet"]
     for unnamed in (jaxbind.native(jit_quiet.address), jit_quiet.ctypes, make_capsule(jit_quiet.address)):
         with pytest.raises(ValueError, match=r"f is a native kernel at 0x[0-9a-f]+ with no name jaxbind can find.*"
                                              r"pass name='\.\.\.' to the op, or name the kernel"):
