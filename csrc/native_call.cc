@@ -98,11 +98,21 @@ class NativeRunner {
     });
   }
 
+  // The text after the site's name ("op 'scale'", or "op 'scale' (transpose
+  // callback 'scale_T')" for a callback other than the forward one). Without
+  // a message of the kernel's own it says which callback failed, and how to
+  // give a message.
   std::string Message() {
     error_[sizeof(error_) - 1] = '\0';
-    return "native kernel failed: " +
-           (error_[0] ? std::string(error_)
-                      : "the native kernel returned " + std::to_string(code_) + " without a message");
+    if (error_[0]) return "native kernel failed: " + std::string(error_);
+    const std::string& name = site_.name;
+    const size_t open = name.find(" (");
+    const std::string which = open != std::string::npos && name.back() == ')'
+                                  ? "the " + name.substr(open + 2, name.size() - open - 3)
+                                  : std::string("the forward callback");
+    return "native kernel failed: " + which + " (a native kernel) returned " + std::to_string(code_) +
+           " without a message (a kernel that fails should write one: return jaxbind_fail(call, "
+           "\"...\"))";
   }
 
  private:

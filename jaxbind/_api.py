@@ -14,14 +14,17 @@ from ._op import _NO_KWARGS, Op  # noqa: F401  (Op is imported from here; tests 
 __all__ = ["Op", "get_linear_call", "get_nonlinear_call"]
 
 
-def _callback(value, what: str, name: str):
-    """A callback as given: a Python callable, or a native kernel in any of its forms."""
+def _callback(value, what: str, name: Optional[str]):
+    """A callback as given: a Python callable, or a native kernel in any of its forms.
+
+    ``name`` is the op's, or None while the op is being named after ``f``.
+    """
     kernel = as_kernel(value, what, name)
     if kernel is not None:
         return kernel
     if not callable(value):
         raise TypeError(
-            f"jaxbind op '{name}': {what} must be a Python callable or a native kernel (a ctypes "
+            f"jaxbind op '{name or _name_of(value)}': {what} must be a Python callable or a native kernel (a ctypes "
             f"function, a numba cfunc, a PyCapsule or jaxbind.native(address)), got {type(value).__name__}."
         )
     return value
@@ -54,8 +57,8 @@ def _check_callable(value, what: str, name: str):
 
 def _named_callback(f, name):
     """``f`` as a callback, and the op's name: ``name`` when given, else the name of ``f``."""
-    if name is None:
-        f = _callback(f, "f", _name_of(f))
+    if name is None:  # (the op is named after f: a kernel without a name of its own is refused)
+        f = _callback(f, "f", None)
         return f, _name_of(f)
     if not isinstance(name, str) or not name.strip():
         error = TypeError if not isinstance(name, str) else ValueError

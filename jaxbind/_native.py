@@ -7,6 +7,7 @@ the public header ``jaxbind.h`` (its folder: :func:`get_include`).
 from __future__ import annotations
 
 import ctypes
+import functools
 import numbers
 import os
 from typing import Optional
@@ -40,19 +41,28 @@ class NativeKernel:
     was given. ``keepalive`` holds whatever owns the code (a ctypes function, a
     numba cfunc, a library handle) for as long as the kernel lives.
     ``concurrent`` kernels run on XLA's thread pool (see :func:`native`).
+
+    Without a name the kernel takes the name of the exported symbol at its
+    address, when there is one (``dladdr``); a kernel that still has none
+    (``__name__`` None) is named by the op it is given to (see ``as_kernel``).
     """
 
     __slots__ = ("address", "__name__", "concurrent", "_keepalive")
+    _per_site = False  # True: the address comes from address_for only (compiled per call site)
 
     def __init__(self, address: int, name: Optional[str] = None, keepalive=None,
                  concurrent: bool = False):
         self.address = int(address)
-        self.__name__ = name or f"native kernel at {self.address:#x}"
+        self.__name__ = name or _symbol_name(self.address)
         self.concurrent = bool(concurrent)
         self._keepalive = keepalive
 
     def _key(self):
         return (self.address, self.__name__, self.concurrent)
+
+    def _with(self, name: Optional[str], concurrent: bool, keepalive) -> "NativeKernel":
+        """The same code under another name or mode (a subclass keeps its kind)."""
+        return NativeKernel(self.address, name or self.__name__, (self._keepalive, keepalive), concurrent)
 
     def address_for(self, in_avals, out_avals, kwargs: dict) -> int:
         """The address to call for one call site: its inputs' and outputs' avals and its kwargs.
@@ -73,6 +83,38 @@ class NativeKernel:
         return f"<jaxbind native kernel {self.__name__!r} at {self.address:#x}{mode}>"
 
 
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+@functools.lru_cache(None)
+def _dladdr():
+    try:
+        dladdr = ctypes.CDLL(None).dladdr
+    except (OSError, AttributeError, TypeError):  # (no dladdr on this platform)
+        return None
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    dladdr.restype = ctypes.c_int
+    return dladdr
+
+
+def _symbol_name(address: int) -> Optional[str]:
+    """The exported symbol that begins at ``address`` (``dladdr``), or None."""
+    dladdr = _dladdr()
+    if dladdr is None or not address:
+        return None
+    info = _DlInfo()
+    try:
+        if not dladdr(address, ctypes.byref(info)):
+            return None
+    except (ctypes.ArgumentError, OverflowError):
+        return None
+    if not info.dli_sname or info.dli_saddr != address:
+        return None
+    return info.dli_sname.decode("utf-8", "replace")
+
+
 def native(kernel, *, name: Optional[str] = None, keepalive=None,
            concurrent: bool = False) -> NativeKernel:
     """Mark a native kernel (``int kernel(const jaxbind_call*)``) for jaxbind.
@@ -90,13 +132,12 @@ def native(kernel, *, name: Optional[str] = None, keepalive=None,
         sequentially whatever the op does.
     """
     if isinstance(kernel, (bool, np.bool_)) or not isinstance(kernel, (numbers.Integral, np.integer)):
-        found = as_kernel(kernel, "the kernel", name or "?")
+        found = as_kernel(kernel, "the kernel", None, name_unnamed=False)
         if found is None:
             raise TypeError(
                 f"jaxbind.native: expected an address or a native kernel, got {type(kernel).__name__}."
             )
-        return NativeKernel(found.address, name or found.__name__, (found._keepalive, keepalive),
-                            concurrent)
+        return found._with(name, concurrent, keepalive)
     if kernel == 0:
         raise ValueError("jaxbind.native: the address is 0 (a null function pointer).")
     if kernel < 0 or kernel >= 1 << 64:
@@ -104,23 +145,72 @@ def native(kernel, *, name: Optional[str] = None, keepalive=None,
     return NativeKernel(kernel, name, keepalive, concurrent)
 
 
-def _numba_cfunc_address(obj) -> Optional[int]:
+def _is_numba_cfunc(obj) -> bool:
     module = type(obj).__module__ or ""
-    if module.startswith("numba") and hasattr(obj, "address") and hasattr(obj, "native_name"):
-        return int(obj.address)
-    return None
+    return module.startswith("numba") and hasattr(obj, "address") and hasattr(obj, "native_name")
 
 
-def as_kernel(obj, what: str, op_name: str):
+KERNEL_SIGNATURE = "int kernel(const jaxbind_call *call)"
+
+
+def _numba_signature_problem(obj) -> Optional[str]:
+    """Why a numba cfunc's signature is not the kernel signature, or None."""
+    from numba import types  # (numba is imported already: obj is a cfunc)
+
+    signature = getattr(obj, "_sig", None)
+    if signature is None:
+        return None  # (unknown: a numba that keeps it elsewhere)
+    args, result = tuple(signature.args), signature.return_type
+    pointer_like = len(args) == 1 and (
+        args[0] == types.voidptr or isinstance(args[0], types.CPointer) or args[0] in (types.int64, types.uint64))
+    if result == types.int32 and pointer_like:
+        return None
+    return (f"is a numba.cfunc with the signature {result}({', '.join(map(str, args))}), but a jaxbind "
+            f"kernel is {KERNEL_SIGNATURE}: declare it @numba.cfunc(numba.types.int32(numba.types.voidptr)) "
+            "(or int32(CPointer(...))), or write it in Python with jaxbind.numba_kernel")
+
+
+def _ctypes_signature_problem(obj) -> Optional[str]:
+    """Why a ctypes function's declared restype/argtypes are not the kernel signature, or None.
+
+    Undeclared argtypes (None, a CDLL function's default) say nothing and pass.
+    """
+    restype = getattr(obj, "restype", ctypes.c_int)
+    argtypes = getattr(obj, "argtypes", None)
+
+    def pointer_like(t):
+        return isinstance(t, type) and (
+            issubclass(t, (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_wchar_p, ctypes._Pointer))
+            or (issubclass(t, ctypes._SimpleCData) and t._type_ in "lLqQ" and ctypes.sizeof(t) == 8))
+
+    good_result = isinstance(restype, type) and issubclass(restype, ctypes.c_int)
+    good_args = argtypes is None or (len(argtypes) == 1 and pointer_like(argtypes[0]))
+    if good_result and good_args:
+        return None
+    names = "?" if argtypes is None else ", ".join(getattr(t, "__name__", repr(t)) for t in argtypes)
+    result = "None (void)" if restype is None else getattr(restype, "__name__", repr(restype))
+    return (f"is a ctypes function declared with restype {result} and argtypes [{names}], but a jaxbind "
+            f"kernel is {KERNEL_SIGNATURE}: declare restype = ctypes.c_int and argtypes = "
+            "[ctypes.c_void_p] (or leave argtypes unset)")
+
+
+def as_kernel(obj, what: str, op_name: Optional[str], name_unnamed: bool = True):
     """``obj`` as a :class:`NativeKernel` when it is a native form, else None.
 
     Native forms: a ctypes function pointer, a numba cfunc, a PyCapsule holding a
     function pointer, or :func:`native`. Raises when ``obj`` looks like an
-    address but is unusable.
+    address but is unusable, or declares a signature that is not the kernel's.
+    ``op_name`` is None while the op has no name yet (it is being named after
+    ``f``). A kernel with no name of its own (no symbol at its address) is named
+    after the op and its place, ``op.f_T``, or, when that names the op itself,
+    refused with a request for ``name=`` (not with ``name_unnamed`` False).
     """
+    shown = op_name or getattr(obj, "__name__", None)  # (the op is named after f when op_name is None)
+    prefix = f"jaxbind op '{shown}'" if isinstance(shown, str) else "jaxbind"
+
     def null():
         return ValueError(
-            f"jaxbind op '{op_name}': {what} is a null function pointer (address 0); "
+            f"{prefix}: {what} is a null function pointer (address 0); "
             "pass the address of a compiled kernel."
         )
 
@@ -128,6 +218,9 @@ def as_kernel(obj, what: str, op_name: str):
         kernel = obj
     elif isinstance(obj, ctypes._CFuncPtr):  # a CDLL function or a CFUNCTYPE object
         address = ctypes.cast(obj, ctypes.c_void_p).value or 0
+        problem = _ctypes_signature_problem(obj) if address else None
+        if problem:
+            raise TypeError(f"{prefix}: {what} {problem}.")
         kernel = NativeKernel(address, getattr(obj, "__name__", None), keepalive=obj)
     elif type(obj).__name__ == "PyCapsule":
         try:
@@ -135,17 +228,29 @@ def as_kernel(obj, what: str, op_name: str):
         except ValueError:  # CPython refuses a capsule holding NULL
             raise null() from None
         kernel = NativeKernel(address, None, keepalive=obj)
-    elif _numba_cfunc_address(obj) is not None:
-        kernel = NativeKernel(_numba_cfunc_address(obj), getattr(obj, "__name__", None), keepalive=obj)
+    elif _is_numba_cfunc(obj):
+        problem = _numba_signature_problem(obj)
+        if problem:
+            raise TypeError(f"{prefix}: {what} {problem}.")
+        kernel = NativeKernel(int(obj.address), getattr(obj, "__name__", None), keepalive=obj)
     elif isinstance(obj, (numbers.Integral, np.integer)) and not isinstance(obj, bool):
         raise TypeError(
-            f"jaxbind op '{op_name}': {what} is an integer. If it is the address of a native "
+            f"{prefix}: {what} is an integer. If it is the address of a native "
             "kernel, wrap it: jaxbind.native(address)."
         )
     else:
         return None
-    if kernel.address == 0:
+    if kernel.address == 0 and not kernel._per_site:
         raise null()
+    if kernel.__name__ is None and name_unnamed:
+        if op_name is None:
+            raise ValueError(
+                f"jaxbind: {what} is a native kernel at {kernel.address:#x} with no name jaxbind can find "
+                "(no exported symbol begins there), and the op would be named after it: pass name='...' "
+                "to the op, or name the kernel: jaxbind.native(kernel, name='...')"
+                + (" (or pass a numba cfunc itself, not its .ctypes)." if isinstance(obj, ctypes._CFuncPtr) else ".")
+            )
+        kernel = kernel._with(f"{op_name}.{what.split()[0]}", kernel.concurrent, None)
     return kernel
 
 

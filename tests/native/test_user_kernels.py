@@ -304,7 +304,7 @@ def test_kernel_form_names():
     op = jaxbind.get_linear_call(named, named, like_last, like_last)
     assert op.name == "scale_by_address"
     unnamed = jaxbind.get_linear_call(jaxbind.native(SCALE_ADDRESS), LIB.jb_scale, like_last, like_last)
-    assert f"{SCALE_ADDRESS:#x}" in unnamed.name
+    assert unnamed.name == "jb_scale"  # the exported symbol at the address (dladdr)
     fails = jaxbind.native(ctypes.cast(LIB.jb_fail, ctypes.c_void_p).value, name="my_failing_kernel")
     bad = jaxbind.get_linear_call(fails, fails, like_first, like_first)  # (not equal to an op of LIB.jb_fail, named 'jb_fail')
     with pytest.raises(RuntimeError, match=r"op 'my_failing_kernel'.*on purpose"):
@@ -335,25 +335,26 @@ def test_equal_kernels_make_equal_ops():
     forms = kernel_forms()
     address = jaxbind.native(SCALE_ADDRESS)
     assert address == jaxbind.native(SCALE_ADDRESS) and hash(address) == hash(jaxbind.native(SCALE_ADDRESS))
+    # an address without a name takes the exported symbol's: the same kernel as named so by hand
     named = jaxbind.native(SCALE_ADDRESS, name="jb_scale")
-    assert named != address
+    assert address.__name__ == "jb_scale" and named == address and hash(named) == hash(address)
+    assert jaxbind.native(SCALE_ADDRESS, name="other") != address
     assert jaxbind.native(SCALE_ADDRESS) != jaxbind.native(ctypes.cast(LIB.jb_fail, ctypes.c_void_p).value)
 
     def op_of(f, f_T, **flags):
         return jaxbind.get_linear_call(f, f_T, like_last, like_last, **flags)
 
-    # named like the ctypes function: the same kernel
-    by_name = [op_of(LIB.jb_scale, LIB.jb_scale), op_of(named, named), op_of(LIB.jb_scale, named)]
-    # unnamed forms of the address: equal to each other
-    unnamed = [op_of(forms[k], forms[k]) for k in ("native", "capsule", "capsule_unnamed", "cfunctype")]
-    unnamed.append(op_of(forms["native"], forms["capsule"]))
-    for group in (by_name, unnamed):
-        for op in group:
-            assert op == group[0] and hash(op) == hash(group[0])
-    assert by_name[0] != unnamed[0]
-    assert op_of(LIB.jb_scale, LIB.jb_fail) != by_name[0]
-    assert op_of(LIB.jb_scale, LIB.jb_scale, func_can_batch=True) != by_name[0]
-    assert op_of(LIB.jb_scale, LIB.jb_scale, first_n_args_fixed=1) != by_name[0]
+    # every form of the address is named after its symbol: one kernel, equal ops
+    same = [op_of(LIB.jb_scale, LIB.jb_scale), op_of(named, named), op_of(LIB.jb_scale, named)]
+    same += [op_of(forms[k], forms[k]) for k in ("native", "capsule", "capsule_unnamed", "cfunctype")]
+    same.append(op_of(forms["native"], forms["capsule"]))
+    for op in same:
+        assert op == same[0] and hash(op) == hash(same[0])
+    other_name = jaxbind.native(SCALE_ADDRESS, name="scale_by_address")
+    assert op_of(other_name, other_name) != same[0]
+    assert op_of(LIB.jb_scale, LIB.jb_fail) != same[0]
+    assert op_of(LIB.jb_scale, LIB.jb_scale, func_can_batch=True) != same[0]
+    assert op_of(LIB.jb_scale, LIB.jb_scale, first_n_args_fixed=1) != same[0]
 
 
 # ---------------------------------------------------------------------------
