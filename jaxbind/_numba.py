@@ -571,7 +571,8 @@ def _compile_trampoline(target: int, constants: tuple):
     module.triple = llvm.get_process_triple()
     function = ir.Function(module, ir.FunctionType(i32, [i8p]), name="jaxbind_numba_trampoline")
     builder = ir.IRBuilder(function.append_basic_block())
-    callee = builder.inttoptr(ir.Constant(i64, target), ir.FunctionType(i32, [i8p] + [i64] * len(constants)).as_pointer())
+    target_type = ir.FunctionType(i32, [i8p] + [i64] * len(constants))
+    callee = builder.inttoptr(ir.Constant(i64, target), target_type.as_pointer())
     builder.ret(builder.call(callee, [function.args[0]] + [ir.Constant(i64, c) for c in constants]))
     parsed = llvm.parse_assembly(str(module))
     parsed.verify()
@@ -664,6 +665,7 @@ class _Variant:
         self._texts = []  # the messages and names the compiled code reads by address
         mismatch = _text(f"{where}: the call does not match the signature it was compiled for "
                          f"({self.description}); a jaxbind bug", self._texts)
+        exiting = _text(f"{where} raised an exception while Python was exiting", self._texts)
 
         namespace = {"guarded": m["guard"](program.dispatcher, self.id),
                      "KW": collections.namedtuple("kwargs", [n for n, _ in kwargs])}
@@ -712,7 +714,7 @@ class _Variant:
             + lines  # (the entry checked the dtypes and ranks: it found this variant by them)
             + [f"    status = guarded(call, {tuple_of(arrays['o'])}, {tuple_of(arrays['i'])}, KW({', '.join(values)}))",
                "    if status == 2:",
-               f"        return _fail(c, {_text(f'{where} raised an exception while Python was exiting', self._texts)})",
+               f"        return _fail(c, {exiting})",
                "    return status"]) + "\n"
         # fn first, on its own, for numba's own message when it does not compile (the guard
         # compiles it for the same types again, which finds this compiled version)
