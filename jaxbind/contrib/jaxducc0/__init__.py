@@ -53,19 +53,19 @@ def _realtype(dtype):
     return _REAL_OF[_np.dtype(dtype)]
 
 
+def _into(out, value):
+    """``value``, or ``out`` filled with it (JAXbind 1.3.1's ``out=`` convention)."""
+    if out is None:
+        return value
+    out[...] = value
+    return out
+
+
 def _alm2realalm(alm, lmax, dtype, out=None):
     """:func:`alm2realalm` with JAXbind 1.3.1's signature (``dtype``: the real dtype; into ``out``)."""
-    packed = alm2realalm(_np.asarray(alm).astype(_complextype(dtype), copy=False), lmax)
-    if out is None:
-        return packed
-    out[...] = packed
-    return out
+    return _into(out, alm2realalm(_np.asarray(alm).astype(_complextype(dtype), copy=False), lmax))
 
 
 def _realalm2alm(alm, lmax, dtype, out=None):
     """:func:`realalm2alm` with JAXbind 1.3.1's signature (``dtype``: the complex dtype; into ``out``)."""
-    unpacked = realalm2alm(_np.asarray(alm).astype(_realtype(dtype), copy=False), lmax)
-    if out is None:
-        return unpacked
-    out[...] = unpacked
-    return out
+    return _into(out, realalm2alm(_np.asarray(alm).astype(_realtype(dtype), copy=False), lmax))
