@@ -86,6 +86,11 @@ struct PythonSite : Site {
   // Declared safe to call on several threads at once: a walk may then spread
   // over XLA's thread pool, each thread taking the GIL (see RunPython).
   bool thread_safe = false;
+  // Walks left to run on the calling thread alone: set when a spread walk's
+  // helpers ran no chunk (a body that holds the GIL, or a busy pool), so that
+  // such bodies pay for a helper's GIL round trip only once in
+  // kSerialAfterNoHelp walks (see RunPython).
+  mutable std::atomic<int> serial_walks{0};
 };
 
 // A kwarg of a native kernel with the storage its C view points into.

@@ -98,6 +98,12 @@ bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Re
   return ok;
 }
 
+// Walks of a site run on the calling thread alone after a spread walk that no
+// helper could join (then one in kSerialAfterNoHelp + 1 walks tries again, so
+// a body that releases the GIL only sometimes, or a pool busy for a while,
+// gets its threads back).
+constexpr int kSerialAfterNoHelp = 16;
+
 // A walk of a thread-safe site spread over XLA's thread pool, as the native
 // walk is: the calling thread and each helper take the GIL (a kept thread
 // state per pool thread) and call the callback for the elements of the chunks
@@ -126,7 +132,7 @@ bool RunPythonParallel(const PythonSite& site, const WalkPlan& plan, const XLA_F
 #if defined(__GLIBCXX__)
     try {
 #endif
-      walk->Work(run);
+      walk->Work(run, /*helper=*/true);
 #if defined(__GLIBCXX__)
     } catch (abi::__forced_unwind&) {
       gil.Abandon();  // CPython ends this thread: Python is finalizing (see Shutdown)
@@ -142,6 +148,12 @@ bool RunPythonParallel(const PythonSite& site, const WalkPlan& plan, const XLA_F
     Py_BEGIN_ALLOW_THREADS
     walk->Wait();
     Py_END_ALLOW_THREADS
+  }
+  // No helper got the GIL while this thread worked: the body holds it (or the
+  // pool was busy), and spreading the next walks would only add a helper's GIL
+  // round trip after each of them.
+  if (walk->helped.load(std::memory_order_relaxed) == 0) {
+    site.serial_walks.store(kSerialAfterNoHelp, std::memory_order_relaxed);
   }
   if (!walk->failed.load()) return true;
   *error = walk->error;
@@ -184,7 +196,9 @@ ffi::Error RunPython(const PythonSite& site, const XLA_FFI_Args* args, const XLA
     if (site.thread_safe && site.levels != 0 && threads > 0 && plan.total >= 2) {
       auto walk = std::make_shared<ChunkedWalk>();
       ok = TimeFirstElements(call_range, &element_ns);
-      if (ok && walk->Plan(2, plan.total, element_ns, threads)) {
+      const int serial = site.serial_walks.load(std::memory_order_relaxed);
+      if (serial > 0) site.serial_walks.store(serial - 1, std::memory_order_relaxed);
+      if (ok && serial <= 0 && walk->Plan(2, plan.total, element_ns, threads)) {
         ok = RunPythonParallel(site, plan, callee, rets, walk, threads, pool, &error);
       } else if (ok) {
         ok = call_range(2, plan.total);

@@ -145,6 +145,7 @@ struct ChunkedWalk {
   int64_t first = 0, total = 0, chunk = 1, n_chunks = 0;  // chunk c: [first + c chunk, ...)
   std::atomic<int64_t> next{0};
   std::atomic<bool> failed{false};
+  std::atomic<int64_t> helped{0};  // chunks claimed by helpers
   std::mutex mutex;
   std::condition_variable all_done;
   int64_t done = 0;   // guarded by mutex
@@ -173,10 +174,12 @@ struct ChunkedWalk {
 
   // Claims chunks until none is left: `run(begin, end, &why)` -> ok. A chunk
   // counts as done however `run` leaves (an exception, CPython ending the
-  // thread), so that the caller's wait always ends.
+  // thread), so that the caller's wait always ends. `helper`: counted in
+  // `helped` (read by the caller once all chunks are done).
   template <typename Run>
-  void Work(Run&& run) {
+  void Work(Run&& run, bool helper = false) {
     for (int64_t c; (c = next.fetch_add(1)) < n_chunks;) {
+      if (helper) helped.fetch_add(1, std::memory_order_relaxed);
       struct Done {
         ChunkedWalk* walk;
         bool ok = false;

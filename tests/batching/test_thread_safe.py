@@ -1,6 +1,7 @@
 """thread_safe=True: a vmapped Python callback walked over XLA's threads, with the
 guarantees of the one-thread walk (results, errors, kept views, the checking mode)."""
 
+import sys
 import threading
 import time
 
@@ -63,6 +64,40 @@ def test_short_elements_stay_on_one_thread():
     THREADS.clear()
     np.testing.assert_allclose(f(x), 3 * np.ones((64, 3)))
     assert len(set(THREADS)) == 1
+
+
+def test_a_body_that_holds_the_gil_stays_on_one_thread_until_it_releases_it():
+    """A walk no helper could join (the body held the GIL throughout) makes the
+    next walks of its site stay on the calling thread; later ones try again."""
+    mode = {"hold": True}
+
+    def body(out, args, kwargs_dump):
+        THREADS.append(threading.get_ident())
+        if mode["hold"]:  # ~0.1 ms of pure Python: no other thread gets the GIL
+            deadline = time.perf_counter() + 1e-4
+            while time.perf_counter() < deadline:
+                pass
+        else:
+            time.sleep(0.002)
+        out[0][...] = 3 * args[0]
+
+    op = make(True, body, "holds_then_releases")
+    f = jax.jit(jax.vmap(lambda v: op(v)[0]))
+    x = jnp.asarray(np.arange(36.0).reshape(12, 3))
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)  # no forced hand-over of the GIL inside a walk
+    try:
+        np.testing.assert_allclose(f(x), 3 * x)  # compiled, and walked on one thread: no help
+        mode["hold"] = False
+        per_walk = []
+        for _ in range(24):
+            THREADS.clear()
+            np.testing.assert_allclose(f(x), 3 * x)
+            per_walk.append(len(set(THREADS)))
+    finally:
+        sys.setswitchinterval(previous)
+    assert per_walk[0] == 1, per_walk  # the site remembers that no helper joined
+    assert max(per_walk) > 1, per_walk  # and gives its walks the threads back
 
 
 def test_a_failing_element_is_an_error_naming_the_op():
