@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -75,9 +76,15 @@ struct Site {
 // A Python callback, called as callable(out, args, kwargs_dump).
 struct PythonSite : Site {
   // Borrowed from the site's Python handle (which the garbage collector sees);
-  // null once the site is released. Read under the GIL only.
+  // null once the site is released. Read and cleared under the GIL, and, on
+  // CPython builds without a GIL, under `refs` too (HoldCallable, ReleaseSite):
+  // a release on another thread must not free them between a call's read and
+  // its new reference.
   PyObject* callable = nullptr;
   PyObject* kwargs_dump = nullptr;  // bytes, handed to every call unchanged
+#ifdef Py_GIL_DISABLED
+  mutable std::mutex refs;
+#endif
   // The (args, out) tuples of views from the last call, reused while nobody
   // else holds them (guarded by the GIL).
   mutable PyObject* cached_in = nullptr;
@@ -92,6 +99,20 @@ struct PythonSite : Site {
   // kSerialAfterNoHelp walks (see RunPython).
   mutable std::atomic<int> serial_walks{0};
 };
+
+// New references to a site's callable and kwargs for one call; false once the
+// site is released.
+inline bool HoldCallable(const PythonSite& site, PyObject** callable, PyObject** kwargs_dump) {
+#ifdef Py_GIL_DISABLED
+  std::lock_guard<std::mutex> lock(site.refs);
+#endif
+  if (site.callable == nullptr) return false;
+  *callable = site.callable;
+  *kwargs_dump = site.kwargs_dump;
+  Py_INCREF(*callable);
+  Py_INCREF(*kwargs_dump);
+  return true;
+}
 
 // A kwarg of a native kernel with the storage its C view points into.
 struct NativeKwarg {

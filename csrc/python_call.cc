@@ -14,7 +14,10 @@ namespace {
 bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets,
               const int64_t* in_offsets, const int64_t* out_offsets,
               int out_skip, std::string* error) {
-  if (site.callable == nullptr) {  // released while a walk ran (its op was freed meanwhile)
+  // Held for the call: the site may be released meanwhile (by the callback, or
+  // by another thread while the callback released the GIL).
+  PyObject *callable = nullptr, *kwargs_dump = nullptr;
+  if (!HoldCallable(site, &callable, &kwargs_dump)) {  // released while a walk ran (its op was freed)
     *error = "jaxbind " + site.name + ": the op was freed while the program called it";
     return false;
   }
@@ -31,16 +34,8 @@ bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Re
   if (!ok) *error = MessageFromPython(site);
   bool kept = false;
   if (ok) {
-    // Held for the call: the site may be released meanwhile (by the callback, or
-    // by another thread while the callback released the GIL).
-    PyObject* callable = site.callable;
-    PyObject* kwargs_dump = site.kwargs_dump;
-    Py_INCREF(callable);
-    Py_INCREF(kwargs_dump);
     PyObject* argv[3] = {out_tuple, in_tuple, kwargs_dump};
     PyObject* result = PyObject_Vectorcall(callable, argv, 3, nullptr);
-    Py_DECREF(kwargs_dump);
-    Py_DECREF(callable);
     if (result == nullptr) {
       *error = MessageFromPython(site);  // frees the frames of the traceback
       ok = false;
@@ -59,8 +54,8 @@ bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Re
     }
     // The views point into memory XLA reuses after this call. A callback
     // that kept one would later read or write freed memory: refuse it.
-    Py_ssize_t ours_in = 1 + (in_tuple == site.cached_in);
-    Py_ssize_t ours_out = 1 + (out_tuple == site.cached_out);
+    Py_ssize_t ours_in = 1 + (use_cache && in_tuple == site.cached_in);
+    Py_ssize_t ours_out = 1 + (use_cache && out_tuple == site.cached_out);
     if ((Kept(in_tuple, ours_in) || Kept(out_tuple, ours_out)) &&
         KeptAfterCollecting(in_tuple, ours_in, out_tuple, ours_out)) {
       if (ok) {
@@ -77,17 +72,20 @@ bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Re
       kept = true;
     }
   }
-  if (ok && use_cache && site.callable != nullptr) {  // keep the views for the next call
+  Py_DECREF(kwargs_dump);
+  Py_DECREF(callable);
+  const bool alive = site.alive.load();
+  if (ok && use_cache && alive) {  // keep the views for the next call
     if (site.cached_in != in_tuple) std::swap(site.cached_in, in_tuple);
     if (site.cached_out != out_tuple) std::swap(site.cached_out, out_tuple);
   } else if (!ok) {
     // Someone may hold the views: cut them off XLA's memory, never reuse them.
     RetireViews(in_tuple, out_tuple, kept);
-    if (site.cached_in == in_tuple) Py_CLEAR(site.cached_in);
-    if (site.cached_out == out_tuple) Py_CLEAR(site.cached_out);
+    if (use_cache && site.cached_in == in_tuple) Py_CLEAR(site.cached_in);
+    if (use_cache && site.cached_out == out_tuple) Py_CLEAR(site.cached_out);
   }
   if (use_cache) {
-    if (site.callable == nullptr) {  // released during the call: its cache goes with it
+    if (!alive) {  // released during the call: its cache goes with it
       Py_CLEAR(site.cached_in);
       Py_CLEAR(site.cached_out);
     }

@@ -208,11 +208,18 @@ void ReleaseSite(int64_t serial) {
   if (!site.alive.exchange(false, std::memory_order_acq_rel)) return;
   g_num_live_sites.fetch_sub(1, std::memory_order_relaxed);
   if (auto* python = std::get_if<PythonSite>(&entry)) {
-    python->callable = nullptr;
-    python->kwargs_dump = nullptr;
-    if (!python->cache_busy) {  // else the running call drops them when it returns
+    {
+#ifdef Py_GIL_DISABLED
+      std::lock_guard<std::mutex> refs(python->refs);
+#endif
+      python->callable = nullptr;
+      python->kwargs_dump = nullptr;
+    }
+    // Claimed like a call claims them; if a call has them, it drops them when it returns.
+    if (!python->cache_busy.exchange(true, std::memory_order_acquire)) {
       Py_CLEAR(python->cached_in);
       Py_CLEAR(python->cached_out);
+      python->cache_busy.store(false, std::memory_order_release);
     }
   }
 }

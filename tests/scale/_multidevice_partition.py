@@ -5,6 +5,7 @@ explicit sharding, vmap_method, and the fallbacks. Registered in ``_multidevice_
 
 import contextlib
 import math
+import time
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +108,34 @@ def _partitioned_concurrent():
     y = f(x)
     assert y.sharding.spec[0] == "d"
     compare(y, -1.5 * x)
+
+
+_INTERVALS = []  # (start, end) of each call of the thread-safe op's callback
+
+
+def _sleepy_scale(out, args, kwargs_dump):  # sleeping releases the GIL, as NumPy on large arrays does
+    start = time.perf_counter()
+    time.sleep(0.002)
+    np.multiply(args[0], 3.0, out=out[0])
+    _INTERVALS.append((start, time.perf_counter()))
+
+
+@case("partition/thread_safe_python_walks_overlap_across_devices_and_threads")
+def _partitioned_thread_safe():
+    m, x = _sharded_batch(shape=(32, 8))
+    op = jaxbind.get_linear_call(_sleepy_scale, _sleepy_scale, _like_last, _like_last, thread_safe=True,
+                                 name="sleepy_scale")
+    f = jax.jit(jax.vmap(lambda r: op(r)[0]))
+    compare(f(x), 3.0 * x)
+    _INTERVALS.clear()
+    compare(jax.block_until_ready(f(x)), 3.0 * x)
+    assert len(_INTERVALS) == 32, len(_INTERVALS)  # each element once
+    events = sorted([(a, 1) for a, _ in _INTERVALS] + [(b, -1) for _, b in _INTERVALS])
+    running = most = 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    assert most >= 4, f"at most {most} calls at once"  # more than one device walk at once (one has 3 threads)
 
 
 # Uneven batches: XLA pads each device's block (10 rows over 4 devices: 3, 3, 3 and
