@@ -36,7 +36,8 @@ napoleon_numpy_docstring = True
 napoleon_use_rtype = False
 
 # Every page's examples share this set-up (each page is one namespace, run top to bottom).
-doctest_global_setup = """
+doctest_global_setup = f"""
+DOCS = {os.path.dirname(os.path.abspath(__file__))!r}  # this folder (the examples' files)
 import jax
 jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp

@@ -3,7 +3,7 @@ signature and called like C kernels, with no Python and no GIL on the call path.
 
 Linear, multilinear and nonlinear ops in float32, float64 and complex128 under jit, grad,
 vmap (nested too) and ``check_op`` against ``jax.numpy``; kwargs of every kind the ABI
-carries; ``func_can_batch``; a kernel that holds no GIL; the parallel walk; the README's
+carries; ``func_can_batch``; a kernel that holds no GIL; the parallel walk; the native-kernels guide's
 example. Errors (a raising kernel, a kernel numba cannot compile, kwargs and dtypes numba
 cannot take) are in ``test_numba_kernel_errors.py``, the native-form checks and default
 names in ``test_numba_kernel_forms.py``.
@@ -400,15 +400,16 @@ def test_a_vmapped_kernel_walks_on_more_than_one_thread():
     np.testing.assert_array_equal(nested(x.reshape(4, 16, 5)), x.reshape(4, 16, 5))
 
 
-def test_the_readme_example_runs_and_is_right():
-    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "README.md")
-    if not os.path.exists(readme):
-        pytest.skip("no README.md beside the tests")
-    with open(readme) as f:
+def test_the_guides_example_runs_and_is_right():
+    guide = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "docs", "guides",
+                         "native.md")
+    if not os.path.exists(guide):
+        pytest.skip("no docs/ beside the tests")
+    with open(guide) as f:
         text = f.read()
-    code = re.search(r"```python\n(.*?)```", text[text.index("## numba kernels"):], re.S).group(1)
+    code = re.search(r"```\{testcode\}\n(.*?)```", text[text.index("## numba"):], re.S).group(1)
     scope = {}
-    exec(compile(code, "README.md (numba kernels)", "exec"), scope)
+    exec(compile(code, "docs/guides/native.md (numba)", "exec"), scope)
     x = scope["x"]
     reference = lambda v: jnp.log1p(jnp.exp(3 * v))  # noqa: E731
     np.testing.assert_allclose(scope["y"], reference(x), rtol=1e-12)
