@@ -5,8 +5,8 @@ differentiates to any order (``jvp``, ``vjp``/``grad``, ``linear_transpose``)
 and vmaps. The transposes follow JAX's convention (the plain transpose, no
 complex conjugation).
 
-- :data:`c2c`: complex FFT (``ducc0.fft.c2c``), batched natively under ``vmap``.
-- :data:`genuine_fht`: Hartley transform (``ducc0.fft.genuine_fht``), batched
+- :func:`c2c`: complex FFT (``ducc0.fft.c2c``), batched natively under ``vmap``.
+- :func:`genuine_fht`: Hartley transform (``ducc0.fft.genuine_fht``), batched
   natively under ``vmap``.
 - :func:`get_healpix_sht`: spherical harmonic synthesis onto a HEALPix map
   (``ducc0.sht.synthesis``, transpose from ``ducc0.sht.adjoint_synthesis``) on
