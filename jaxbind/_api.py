@@ -168,8 +168,13 @@ def get_linear_call(
         batched, else a tuple with, per input, the tuple of its batch axes
         (vmapping at axis ``a`` shifts existing batch axes ``>= a`` by one and
         appends ``a``). The abstracts then return the output's new batch axis
-        as a third entry per output. Only ``vmap_method="sequential"`` goes
-        with it.
+        as a third entry per output (anywhere; jaxbind moves a transpose's
+        cotangents into place). An input is mapped at every vmap level or at
+        none: jaxbind broadcasts a fixed input that one level maps and another
+        does not, and non-fixed inputs a level does not map. An abstract whose
+        declared output does not hold every batch level at the axis it names
+        is a ``ValueError`` raised while tracing. Only
+        ``vmap_method="sequential"`` goes with it.
     name : str, optional
         The op's name (a non-empty string; default: ``f.__name__``). It is in
         every error (``jaxbind op 'name': ...``), in jaxprs and in the
@@ -185,15 +190,25 @@ def get_linear_call(
         level is a leading axis of every input, outermost first, of size 1
         where the input is not mapped; ``"broadcast_all"``, one call with
         inputs broadcast to the full batch. The abstracts still describe one
-        element. The method applies to every callback of the op.
+        element, and every output gets all batch levels in front. The method
+        applies to every callback of the op (transposes, ``f_jvp``,
+        ``f_vjp``): a linear input that a level does not map gets its
+        cotangent summed over that level. Under ``"expand_dims"`` the callback
+        must line up each input's element rank itself (a scalar parameter
+        beside a vector arrives as ``(batch...,)`` and needs ``v[..., None]``);
+        :func:`jaxbind.testing.check_op` catches the mistake.
     thread_safe : bool, default False
         The Python callbacks may run on several threads at once. A vmapped
         call walked element by element (``"sequential"``) then spreads its
         elements over XLA's intra-op threads, each taking the GIL: bodies that
         release it (NumPy on large arrays, SciPy, numba's ``nogil``
-        functions) run in parallel. Walks whose elements are short (under
-        ~50 microseconds in all) stay on one thread. Native kernels are
-        walked in parallel whatever this says.
+        functions) run in parallel. The first two elements are timed, and a
+        walk whose remaining elements would take less than ~0.1 ms in all
+        stays on one thread; a walk that no helper thread could join (the
+        body held the GIL throughout) makes the call site's next 16 walks
+        stay on the calling thread. Off by default: the callbacks must not
+        rely on running alone. Native kernels are walked in parallel
+        whatever this says.
 
     Returns
     -------
