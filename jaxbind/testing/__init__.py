@@ -86,12 +86,22 @@ def check_op(op: Op, /, *args, fd_rtol: Optional[float] = None, **kwargs) -> OpC
     ------
     AssertionError
         Naming the op, the check, the argument and the measured error, for
-        the first check that fails.
+        the first check that fails. A check in which running the op (or a
+        transformation of it) raises fails too, with that exception as the
+        ``__cause__``.
     TypeError
         If ``op`` is not a jaxbind op, or an argument is not an array (or a
         scalar).
     ValueError
         If ``fd_rtol`` is not a finite non-negative number.
+
+    Notes
+    -----
+    Integer and bool outputs are compared exactly (eager against jit, batched
+    against the loop) and are not differentiated. With ``fd_rtol``, a jvp
+    wrong by more than that accuracy is still caught. It costs a few tenths of
+    a second to a few seconds per op, mostly compilations (the batched checks
+    are compiled together, as one program).
 
     Examples
     --------

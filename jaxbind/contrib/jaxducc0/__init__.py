@@ -15,6 +15,11 @@ complex conjugation).
 - :func:`get_wgridder`: the radio-interferometric degridder image -> visibilities
   (``ducc0.wgridder.experimental.dirty2vis``, transpose from ``vis2dirty``).
 
+The functions :func:`get_healpix_sht` and :func:`get_wgridder` return are
+``functools.partial`` s of the ops :func:`healpix_sht` and :func:`wgridder`
+with their keyword arguments. :func:`alm2realalm` and :func:`realalm2alm`
+convert :math:`a_{lm}` between ducc0's complex layout and the ops' real one.
+
 Like every jaxbind op, each returns the list of its outputs: ``y, = c2c(x)``.
 Needs ``ducc0`` (``pip install 'jaxbind[ducc0]'``).
 """
