@@ -1,4 +1,22 @@
-"""jaxbind: turn functions JAX cannot see into JAX ops that jit, differentiate and vmap."""
+"""jaxbind: turn functions JAX cannot see into JAX ops that jit, differentiate and vmap.
+
+A function JAX cannot trace (NumPy or SciPy code, a wrapped C, C++ or Fortran
+routine, an external solver) becomes a JAX operation, called from XLA through a
+small compiled trampoline on NumPy arrays that view XLA's buffers. CPU only.
+
+- :func:`get_linear_call` and :func:`get_nonlinear_call` make an :class:`Op`
+  from a function, its transpose or its jvp and vjp, and abstract functions
+  that give the outputs' shapes and dtypes; :func:`load_kwargs` reads the
+  call's keyword arguments inside a callback.
+- :func:`native`, :func:`numba_kernel` and :class:`NativeKernel` make native
+  kernels, which XLA calls with no Python and no GIL; :func:`get_include` is
+  the folder of their header.
+- :func:`export` is ``jax.export.export`` allowing jaxbind's custom calls.
+- ``jaxbind.config`` holds the process-wide settings (the checking mode for
+  unwritten outputs); :class:`JaxbindError` marks a failure of a user's
+  abstract function.
+- :mod:`jaxbind.testing` checks an op (:func:`jaxbind.testing.check_op`).
+"""
 
 try:
     from . import _trampoline  # noqa: F401  (the compiled core)

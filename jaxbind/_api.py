@@ -116,48 +116,154 @@ def get_linear_call(
 ) -> Op:
     """Create a JAX op from a linear (or multilinear) function and its transpose(s).
 
-    Args:
-      f: ``f(out, args, kwargs_dump)``; writes the outputs into the arrays of the
-        tuple ``out`` from the input arrays ``args`` (read-only). ``kwargs_dump``
-        holds the call's keyword arguments; ``jaxbind.load_kwargs`` restores them.
-        Must return None.
-      f_T: the transpose, same signature: receives ``(*fixed args, *output
-        cotangents)`` and writes the cotangents of the linear arguments. A tuple
-        with one transpose per linear argument makes a multilinear op: the
-        ``i``-th receives all arguments except the ``i``-th, then the output
-        cotangents, and writes the cotangent of argument ``i``.
-      abstract: ``abstract(*args, **kwargs)`` -> one ``(shape, dtype)`` per output
-        of ``f`` (plus the output batch axis as a third entry when
-        ``func_can_batch``); receives objects with ``shape`` and ``dtype``.
-      abstract_T: the same for ``f_T`` (a tuple matching ``f_T`` for multilinear ops).
-      first_n_args_fixed: the first arguments are not differentiated (and ``f``
-        need not be linear in them).
-      func_can_batch: the callbacks handle batching themselves; they and the
-        abstracts receive ``batch_axes`` (a tuple per input of its batch axes,
-        or None) in their kwargs.
-      name: the op's name in errors, jaxprs and the compiled program's metadata
-        (default: the name of ``f``). Ops that differ only in name are different
-        ops.
-      vmap_method: how a vmapped op calls its callbacks, as for
-        ``jax.pure_callback``: ``"sequential"`` (default; one call per batch
-        element, walked by the trampoline in one custom call), ``"expand_dims"``
-        (one call; every batch level is a leading axis of every input, of size 1
-        where the input is not mapped) or ``"broadcast_all"`` (one call; inputs
-        broadcast to the full batch). The abstracts describe one element.
-      thread_safe: the Python callbacks may run on several threads at once.
-        A vmapped call walked element by element (``"sequential"``) then
-        spreads its elements over XLA's intra-op threads, each taking the GIL:
-        bodies that release it (NumPy on large arrays, SciPy, numba's
-        ``nogil`` functions) run in parallel. Walks whose elements are short
-        (under ~50 microseconds in all) stay on one thread. Native kernels
-        are walked in parallel whatever this says.
+    The op computes ``y = f(*fixed, *x)``, linear in the non-fixed arguments
+    ``x`` jointly (or, with a tuple of transposes, in each of them
+    separately: a multilinear op). It jit-compiles, differentiates to any
+    order (``jvp``, ``vjp``/``grad``, ``linear_transpose``) and vmaps; XLA
+    calls ``f`` and ``f_T`` through jaxbind's compiled trampoline, on NumPy
+    arrays that view XLA's buffers without copying.
 
-    Returns:
-      The op: ``op(*args, **kwargs)`` returns the list of outputs.
+    Parameters
+    ----------
+    f : callable or native kernel
+        The forward function, ``f(out, args, kwargs_dump)``. ``args`` is the
+        tuple of input arrays (read-only views), ``out`` the tuple of output
+        arrays (writable): ``f`` writes every output and returns ``None``
+        (returning a value is an error). ``kwargs_dump`` holds the call's
+        keyword arguments; :func:`jaxbind.load_kwargs` gives them back as a
+        dict. Do not keep references to ``args`` or ``out`` after returning
+        (they view memory XLA reuses); store copies. A native kernel (a
+        ctypes function, a ``numba.cfunc``, a ``PyCapsule``, the result of
+        :func:`jaxbind.native` or :func:`jaxbind.numba_kernel`) is accepted
+        here and for every other callback. Positional-only.
+    f_T : callable or native kernel, or tuple of them
+        The transpose, with the signature of ``f``. It receives ``(*fixed
+        args, *output cotangents)`` and writes the cotangents of the linear
+        arguments. JAX's convention: the linear transpose, not the adjoint
+        (no complex conjugation). A tuple ``(f_T0, ..., f_Tn)`` with one
+        transpose per linear argument makes a multilinear op: ``f_Ti``
+        receives every argument except the ``i``-th, in order, then the output
+        cotangents, and writes the one cotangent of argument ``i``. JAXbind's
+        form, indexed by argument position with ``None`` in the places of the
+        fixed arguments (``f_T=(None, f_T1)`` with ``first_n_args_fixed=1``),
+        is accepted too. Positional-only.
+    abstract : callable
+        ``abstract(*args, **kwargs)``: receives objects with ``.shape`` and
+        ``.dtype`` (one per array argument) and the call's keyword arguments,
+        and returns a tuple with one ``(shape, dtype)`` per output of ``f``
+        (with ``func_can_batch``, a third entry: the output's batch axis). A
+        shape is a sequence of non-negative Python or NumPy integers (a float
+        or a bool is an error, not rounded). No numbers are computed.
+    abstract_T : callable or tuple of callables
+        The same for ``f_T``, from the arguments ``f_T`` receives; it
+        declares exactly one cotangent per linear argument the transpose
+        computes. A tuple matching ``f_T`` for a multilinear op.
+    first_n_args_fixed : int, default 0
+        The first arguments are parameters, not differentiated (``f`` need
+        not be linear in them). Asking for a derivative with respect to one
+        is an error naming the argument.
+    func_can_batch : bool, default False
+        The callbacks handle batching themselves: they and the abstracts
+        receive the keyword argument ``batch_axes``, ``None`` when not
+        batched, else a tuple with, per input, the tuple of its batch axes
+        (vmapping at axis ``a`` shifts existing batch axes ``>= a`` by one and
+        appends ``a``). The abstracts then return the output's new batch axis
+        as a third entry per output (anywhere; jaxbind moves a transpose's
+        cotangents into place). An input is mapped at every vmap level or at
+        none: jaxbind broadcasts a fixed input that one level maps and another
+        does not, and non-fixed inputs a level does not map. An abstract whose
+        declared output does not hold every batch level at the axis it names
+        is a ``ValueError`` raised while tracing. Only
+        ``vmap_method="sequential"`` goes with it.
+    name : str, optional
+        The op's name (a non-empty string; default: ``f.__name__``). It is in
+        every error (``jaxbind op 'name': ...``), in jaxprs and in the
+        compiled program (the frontend attribute ``jaxbind_op`` and the op
+        metadata ``op_name``). Give one when callbacks come from a factory
+        and share a ``__name__``. Ops that differ only in name are different
+        ops (they do not share compiled code).
+    vmap_method : {"sequential", "expand_dims", "broadcast_all"}, default "sequential"
+        How a vmapped op (without ``func_can_batch``) hands its batch to the
+        callbacks, with the values and meaning of ``jax.pure_callback``'s:
+        ``"sequential"``, one custom call whose handler calls the callback once
+        per batch element; ``"expand_dims"``, one call in which every vmap
+        level is a leading axis of every input, outermost first, of size 1
+        where the input is not mapped; ``"broadcast_all"``, one call with
+        inputs broadcast to the full batch. The abstracts still describe one
+        element, and every output gets all batch levels in front. The method
+        applies to every callback of the op (transposes, ``f_jvp``,
+        ``f_vjp``): a linear input that a level does not map gets its
+        cotangent summed over that level. Under ``"expand_dims"`` the callback
+        must line up each input's element rank itself (a scalar parameter
+        beside a vector arrives as ``(batch...,)`` and needs ``v[..., None]``);
+        :func:`jaxbind.testing.check_op` catches the mistake.
+    thread_safe : bool, default False
+        The Python callbacks may run on several threads at once. A vmapped
+        call walked element by element (``"sequential"``) then spreads its
+        elements over XLA's intra-op threads, each taking the GIL: bodies that
+        release it (NumPy on large arrays, SciPy, numba's ``nogil``
+        functions) run in parallel. The first two elements are timed, and a
+        walk whose remaining elements would take less than ~0.1 ms in all
+        stays on one thread; a walk that no helper thread could join (the
+        body held the GIL throughout) makes the call site's next 16 walks
+        stay on the calling thread. Off by default: the callbacks must not
+        rely on running alone. Native kernels are walked in parallel
+        whatever this says.
 
-    Integer and bool outputs are not differentiable: their tangents are
-    symbolic zeros, and a transpose receives zeros of their own dtype as their
-    cotangents.
+    Returns
+    -------
+    Op
+        The op. ``op(*arrays, **kwargs)`` returns the list of outputs; see
+        :class:`jaxbind.Op` for calling it.
+
+    Raises
+    ------
+    TypeError
+        If ``f`` or a transpose is neither a Python callable nor a native
+        kernel (a bare integer address must be wrapped with
+        :func:`jaxbind.native`; a ctypes function or ``numba.cfunc`` declared
+        with another signature than ``int kernel(const jaxbind_call *)`` is
+        refused), if ``abstract`` or an ``abstract_T`` is not callable, if
+        ``func_can_batch`` or ``thread_safe`` is not a bool, or if ``name`` is
+        not a string.
+    ValueError
+        If ``name`` is empty; if ``first_n_args_fixed`` is not a non-negative
+        integer; if ``vmap_method`` is not one of its three values, or is not
+        ``"sequential"`` with ``func_can_batch=True``; if ``f_T`` and
+        ``abstract_T`` are not both single functions or both tuples of the
+        same length; if ``f_T`` is an empty tuple, or has ``None`` elsewhere
+        than at the first ``first_n_args_fixed`` places; if a native kernel is
+        a null pointer, or has no name of its own while the op would be named
+        after it (pass ``name=``).
+
+    See Also
+    --------
+    get_nonlinear_call : an op that is not linear, with its jvp and vjp.
+
+    Notes
+    -----
+    Outputs of integer or bool dtype are not differentiable: their tangents
+    are symbolic zeros, and a transpose receives zeros of their own dtype as
+    their cotangents.
+
+    Errors in using the op (a bad call, or an abstract that fails or returns
+    something invalid) are raised when it is called or traced; see
+    :class:`jaxbind.Op`.
+
+    Examples
+    --------
+    A scaling, its own transpose:
+
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> import jaxbind
+    >>> def scale(out, args, kwargs_dump):
+    ...     factor = jaxbind.load_kwargs(kwargs_dump)["factor"]
+    ...     np.multiply(args[0], factor, out=out[0])
+    >>> def abstract(x, *, factor):
+    ...     return ((x.shape, x.dtype),)
+    >>> op = jaxbind.get_linear_call(scale, scale, abstract, abstract)
+    >>> y, = op(jnp.arange(3.0), factor=2.0)
+    >>> g = jax.grad(lambda x: jnp.sum(op(x, factor=2.0)[0] ** 2))(jnp.arange(3.0))
     """
     f, name = _named_callback(f, name)
     _check_callable(abstract, "abstract", name)
@@ -217,42 +323,113 @@ def get_nonlinear_call(
 ) -> Op:
     """Create a JAX op from a nonlinear function with its jvp and vjp.
 
-    Args:
-      f: ``f(out, args, kwargs_dump)``, as for ``get_linear_call``.
-      f_derivative: ``(f_jvp, f_vjp)``. ``f_jvp`` receives ``(*primals, *tangents
-        of the differentiable arguments)`` and writes the output tangents;
-        ``f_vjp`` receives ``(*primals, *output cotangents)`` and writes the
-        cotangents of the differentiable arguments. With residuals both receive
-        them after the primals. Integer and bool outputs have no tangents:
-        ``f_jvp`` writes, and ``f_vjp`` receives, those of the inexact (float,
-        complex) outputs only, in order. ``None`` makes an op without
-        derivatives (``abstract_reverse`` is then None too): it jits and vmaps,
-        and differentiating it is an error; give it derivatives with
-        ``jax.custom_jvp``, ``jax.custom_vjp`` or ``jax.lax.custom_root``.
-      abstract: output shapes and dtypes of ``f`` and of ``f_jvp`` (it is called
-        with the arguments of each, and describes all of ``f``'s outputs; jaxbind
-        keeps the inexact ones for ``f_jvp``). With residuals it is called with
-        the primals only and declares the outputs followed by the residuals;
-        the tangents then take the outputs' shapes and dtypes.
-      abstract_reverse: output shapes and dtypes of ``f_vjp``, from its arguments.
-      first_n_args_fixed: the first arguments are not differentiated.
-      func_can_batch: the callbacks handle batching themselves (see
-        ``get_linear_call``).
-      name: the op's name in errors, jaxprs and the compiled program's metadata
-        (default: the name of ``f``).
-      vmap_method: how a vmapped op calls its callbacks (see ``get_linear_call``).
-      n_residuals: ``f`` writes this many residual arrays after its outputs
-        (e.g. a solution, a factorization); calling the op returns the outputs
-        only, and the residuals reach ``f_jvp`` and ``f_vjp`` after the primals,
-        so that derivatives reuse the forward computation (``f`` runs once per
-        primal point under jvp, grad, vmap and jit). Residuals are not
-        differentiated.
-      thread_safe: the Python callbacks may run on several threads at once
-        (see ``get_linear_call``).
+    The op jit-compiles, vmaps and differentiates to first order (``jvp``,
+    ``vjp``/``grad``, the jacobians); a second-order derivative raises an
+    error naming the op. An op made with ``f_derivative=None`` has no
+    derivatives at all.
 
-    Returns:
-      The op: ``op(*args, **kwargs)`` returns the list of outputs. Derivatives
-      are first order only.
+    Parameters
+    ----------
+    f : callable or native kernel
+        The function, ``f(out, args, kwargs_dump)``, as for
+        :func:`jaxbind.get_linear_call`. With ``n_residuals=k`` it writes its
+        outputs followed by ``k`` residual arrays. Positional-only.
+    f_derivative : tuple of two callables or native kernels, or None
+        ``(f_jvp, f_vjp)``, each with the signature of ``f``. ``f_jvp``
+        receives ``(*primals, *tangents of the non-fixed arguments)`` and
+        writes the output tangents; ``f_vjp`` receives ``(*primals, *output
+        cotangents)`` and writes the cotangents of the non-fixed arguments.
+        With residuals both receive them after the primals: ``(*primals,
+        *residuals, *tangents)`` and ``(*primals, *residuals,
+        *cotangents)``. Integer and bool outputs have no tangents: ``f_jvp``
+        writes, and ``f_vjp`` receives, those of the inexact (float, complex)
+        outputs only, in order. ``None`` makes an op without derivatives
+        (``abstract_reverse`` is then ``None`` too): it jits and vmaps, and
+        differentiating it raises a ``ValueError`` naming the op; give it
+        derivatives with ``jax.custom_jvp``, ``jax.custom_vjp`` or
+        ``jax.lax.custom_root``. Positional-only.
+    abstract : callable
+        Output shapes and dtypes of ``f`` and of ``f_jvp``: it is called
+        with the arguments of each (and the call's keyword arguments) and
+        describes all of ``f``'s outputs, as for
+        :func:`jaxbind.get_linear_call`; jaxbind keeps the inexact ones for
+        ``f_jvp``. With residuals it is called with the primals only and
+        declares the outputs followed by the residuals; the tangents then
+        take the outputs' shapes and dtypes.
+    abstract_reverse : callable or None
+        Output shapes and dtypes of ``f_vjp``, from the arguments ``f_vjp``
+        receives. ``None`` exactly when ``f_derivative`` is ``None``.
+    first_n_args_fixed : int, default 0
+        The first arguments are not differentiated (a derivative with respect
+        to one is an error naming it).
+    func_can_batch : bool, default False
+        The callbacks handle batching themselves (see
+        :func:`jaxbind.get_linear_call`).
+    name : str, optional
+        The op's name in errors, jaxprs and the compiled program's metadata
+        (default: the name of ``f``; see :func:`jaxbind.get_linear_call`).
+    vmap_method : {"sequential", "expand_dims", "broadcast_all"}, default "sequential"
+        How a vmapped op calls its callbacks (see
+        :func:`jaxbind.get_linear_call`).
+    n_residuals : int, default 0
+        ``f`` writes this many residual arrays after its outputs (e.g. a
+        solution, a factorization, any shapes and dtypes); calling the op
+        returns the outputs only, and the residuals reach ``f_jvp`` and
+        ``f_vjp`` after the primals, so that derivatives reuse the forward
+        computation (``f`` runs once per primal point under jvp, grad, vmap
+        and jit). Residuals are not differentiated. An abstract that declares
+        ``n_residuals`` arrays or fewer (no output left) is an error naming
+        the op when it is called.
+    thread_safe : bool, default False
+        The Python callbacks may run on several threads at once (see
+        :func:`jaxbind.get_linear_call`).
+
+    Returns
+    -------
+    Op
+        The op: ``op(*arrays, **kwargs)`` returns the list of outputs (the
+        residuals excluded); see :class:`jaxbind.Op`. Derivatives are first
+        order only.
+
+    Raises
+    ------
+    TypeError
+        If ``f``, ``f_jvp`` or ``f_vjp`` is neither a Python callable nor a
+        native kernel (as for :func:`jaxbind.get_linear_call`); if
+        ``abstract`` or ``abstract_reverse`` is not callable; if
+        ``f_derivative`` is neither ``None`` nor a pair, or only one of its
+        two entries is ``None``; if ``abstract_reverse`` is ``None`` while
+        ``f_derivative`` is given, or given while ``f_derivative`` is
+        ``None``; if ``n_residuals`` is not an integer; if ``func_can_batch``
+        or ``thread_safe`` is not a bool, or ``name`` is not a string.
+    ValueError
+        If ``n_residuals`` is negative; if ``name`` is empty; if
+        ``first_n_args_fixed`` is not a non-negative integer; if
+        ``vmap_method`` is not one of its three values, or is not
+        ``"sequential"`` with ``func_can_batch=True``; if a native kernel is a
+        null pointer or needs a name (as for
+        :func:`jaxbind.get_linear_call`).
+
+    See Also
+    --------
+    get_linear_call : a linear or multilinear op, differentiable to any order.
+
+    Examples
+    --------
+    ``y = sin(x)`` with its derivatives:
+
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> import jaxbind
+    >>> def f(out, args, kwargs_dump):
+    ...     np.sin(args[0], out=out[0])
+    >>> def f_jvp(out, args, kwargs_dump):      # (x, dx)
+    ...     np.multiply(np.cos(args[0]), args[1], out=out[0])
+    >>> def f_vjp(out, args, kwargs_dump):      # (x, y_ct)
+    ...     np.multiply(np.cos(args[0]), args[1], out=out[0])
+    >>> def abstract(*args, **kwargs):
+    ...     return ((args[0].shape, args[0].dtype),)
+    >>> op = jaxbind.get_nonlinear_call(f, (f_jvp, f_vjp), abstract, abstract)
+    >>> g = jax.grad(lambda x: jnp.sum(op(x)[0]))(jnp.linspace(0.0, 1.0, 5))
     """
     f, name = _named_callback(f, name)
     _check_callable(abstract, "abstract", name)

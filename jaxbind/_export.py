@@ -45,6 +45,27 @@ def export(fun, **kwargs):
         ``fun`` shares its name with another op of this process: a serialized
         program could not say which one it calls. Give ops distinct
         ``name=`` values.
+
+    Notes
+    -----
+    Where a serialized program runs, sites are resolved on its first call;
+    what cannot be resolved (an op not defined, two ops of the name, a
+    structure that differs, another schema, keyword arguments that are not
+    plain data) is an error then, raised as a ``jax.errors.JaxRuntimeError``
+    naming the op. Kwargs from a program are read as plain data only
+    (numbers, strings, bools, None, lists, tuples, dicts, sets, NumPy arrays
+    and scalars); nothing in a program is executed.
+
+    Examples
+    --------
+    >>> exported = jaxbind.export(jax.jit(loss))(              # doctest: +SKIP
+    ...     jax.ShapeDtypeStruct((4, 3), jnp.float64))
+    >>> blob = exported.serialize(vjp_order=1)                 # doctest: +SKIP
+
+    In another process, after defining the same ops (same names):
+
+    >>> exported = jax.export.deserialize(blob)                # doctest: +SKIP
+    >>> y = exported.call(x)                                   # doctest: +SKIP
     """
     allowed = [jax.export.DisabledSafetyCheck.custom_call(target) for target in (TARGET, ASYNC_TARGET)]
     disabled = list(kwargs.pop("disabled_checks", ()))

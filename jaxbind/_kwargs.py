@@ -14,9 +14,37 @@ __all__ = ["Kwargs", "load_kwargs"]
 def load_kwargs(kwargs_dump) -> dict:
     """Turn the ``kwargs_dump`` a callback receives back into the kwargs dict.
 
-    Args:
-      kwargs_dump: the third argument of a jaxbind callback (bytes, or any
-        buffer such as a uint8 NumPy array holding the same bytes).
+    Call it inside a Python callback ``f(out, args, kwargs_dump)`` to read the
+    keyword arguments the op was called with (a fresh dict each time).
+
+    Parameters
+    ----------
+    kwargs_dump : bytes or buffer
+        The third argument of a jaxbind callback (bytes, or any buffer such
+        as a uint8 NumPy array holding the same bytes): the call's keyword
+        arguments, pickled. With ``func_can_batch=True`` it also holds
+        ``batch_axes``.
+
+    Returns
+    -------
+    dict
+        The op call's keyword arguments by name.
+
+    Raises
+    ------
+    TypeError
+        If ``kwargs_dump`` is neither bytes nor an object supporting the
+        buffer protocol.
+    pickle.UnpicklingError
+        If the bytes are not a pickle (``pickle.loads`` may raise other
+        exceptions for truncated or corrupt data as well).
+
+    Examples
+    --------
+    >>> import numpy as np, jaxbind
+    >>> def scale(out, args, kwargs_dump):
+    ...     factor = jaxbind.load_kwargs(kwargs_dump)["factor"]
+    ...     np.multiply(args[0], factor, out=out[0])
     """
     if not isinstance(kwargs_dump, bytes):
         kwargs_dump = memoryview(kwargs_dump).tobytes()

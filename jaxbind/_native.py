@@ -28,7 +28,17 @@ def get_include() -> str:
     """The folder holding ``jaxbind.h`` and its Fortran twin ``jaxbind.f90``.
 
     Give it to the compiler (``-I``, and the Fortran module's source path) when
-    compiling a native kernel.
+    compiling a native kernel. The header documents the calling convention of
+    a kernel, ``int kernel(const jaxbind_call *call)``.
+
+    Returns
+    -------
+    str
+        The absolute path of the ``include`` folder of the installed package.
+
+    Examples
+    --------
+    ``cc -O2 -shared -fPIC -I$(python -c "import jaxbind; print(jaxbind.get_include())") kernel.c``
     """
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
 
@@ -36,15 +46,52 @@ def get_include() -> str:
 class NativeKernel:
     """The address of a C function with the jaxbind kernel signature.
 
+    A kernel is ``int kernel(const jaxbind_call *call)`` (see the header in
+    :func:`jaxbind.get_include`); XLA calls it with no Python and no GIL.
+    Make one with :func:`jaxbind.native` (which also accepts a ctypes
+    function, a ``numba.cfunc`` or a ``PyCapsule``) rather than with the
+    constructor, which does not check the address. Any callback of an op
+    (``f``, a transpose, ``f_jvp``, ``f_vjp``) may be a kernel.
+
     Equal (and hashed) by address, name and mode, so ops built from the same
     kernels share compiled code, and an error always names the kernel the op
     was given. ``keepalive`` holds whatever owns the code (a ctypes function, a
     numba cfunc, a library handle) for as long as the kernel lives.
-    ``concurrent`` kernels run on XLA's thread pool (see :func:`native`).
+    ``concurrent`` kernels run on XLA's thread pool (see :func:`jaxbind.native`).
 
     Without a name the kernel takes the name of the exported symbol at its
     address, when there is one (``dladdr``); a kernel that still has none
-    (``__name__`` None) is named by the op it is given to (see ``as_kernel``).
+    (``__name__`` None) is named by the op it is given to (after the op and
+    the callback's place, ``op.f_T``), or, when the op would be named after
+    it, refused with a request for ``name=``.
+
+    Parameters
+    ----------
+    address : int
+        The function's address (converted with ``int``).
+    name : str, optional
+        A name for error messages and jaxprs (default: the exported symbol at
+        ``address``, if any).
+    keepalive : object, optional
+        An object to keep alive as long as the kernel (the owner of the code).
+    concurrent : bool, default False
+        Run the kernel on XLA's thread pool (see :func:`jaxbind.native`).
+
+    Attributes
+    ----------
+    address : int
+        The function's address (0 for a kernel compiled per call site, such as
+        one made by :func:`jaxbind.numba_kernel`).
+    concurrent : bool
+        Whether the kernel runs on XLA's thread pool.
+
+    Raises
+    ------
+    TypeError
+        If ``address`` is not a number ``int`` can convert (``None``, ...).
+    ValueError
+        If ``address`` is a string that is not an integer. An address of 0
+        is refused when the kernel is given to an op, not here.
     """
 
     __slots__ = ("address", "__name__", "concurrent", "_keepalive")
@@ -69,6 +116,22 @@ class NativeKernel:
 
         A plain kernel has one address; a kernel compiled per signature (e.g.
         from Python with numba) compiles or looks up the one for these.
+        jaxbind calls it when it registers a call site; user code has no need
+        to.
+
+        Parameters
+        ----------
+        in_avals : sequence of jax.core.ShapedArray
+            The shapes and dtypes of the call site's inputs.
+        out_avals : sequence of jax.core.ShapedArray
+            The shapes and dtypes of its outputs.
+        kwargs : dict
+            The op call's keyword arguments.
+
+        Returns
+        -------
+        int
+            The address of the function to call (here: :attr:`address`).
         """
         return self.address
 
@@ -119,17 +182,56 @@ def native(kernel, *, name: Optional[str] = None, keepalive=None,
            concurrent: bool = False) -> NativeKernel:
     """Mark a native kernel (``int kernel(const jaxbind_call*)``) for jaxbind.
 
-    Args:
-      kernel: the function's address as an integer (e.g. from
+    A native kernel is accepted wherever an op takes a callback (``f``, a
+    transpose, ``f_jvp``, ``f_vjp``); XLA then calls it directly, with no
+    Python and no GIL, and vmap walks the batch in C++ (over XLA's threads
+    when the elements are long). A bare integer is not accepted as a callback:
+    wrap an address with this function. Ctypes functions, numba cfuncs and
+    PyCapsules can be given to an op as they are; pass them here to name
+    them, keep an owner alive or make them concurrent.
+
+    Parameters
+    ----------
+    kernel : int or native kernel
+        The function's address as an integer (e.g. from
         ``ctypes.cast(fn, ctypes.c_void_p).value``), or any native form jaxbind
-        accepts (a ctypes function, a numba cfunc, a PyCapsule).
-      name: a name for error messages and jaxprs.
-      keepalive: an object to keep alive as long as the kernel (the owner of the code).
-      concurrent: run the kernel on XLA's thread pool, so that XLA goes on with
+        accepts (a ctypes function, a numba cfunc, a PyCapsule, a
+        :class:`jaxbind.NativeKernel`).
+    name : str, optional
+        A name for error messages and jaxprs (default: the kernel's own name,
+        else the exported symbol at its address, if any).
+    keepalive : object, optional
+        An object to keep alive as long as the kernel (the owner of the code).
+    concurrent : bool, default False
+        Run the kernel on XLA's thread pool, so that XLA goes on with
         independent work (other kernels included) while it runs. Worth it for
         kernels that take tens of microseconds or more; it adds a few
         microseconds per call. XLA runs small programs (up to 8 operations)
         sequentially whatever the op does.
+
+    Returns
+    -------
+    NativeKernel
+        The kernel, equal to every kernel of the same address (or function),
+        name and mode.
+
+    Raises
+    ------
+    TypeError
+        If ``kernel`` is neither an integer nor a native form, or is a ctypes
+        function or ``numba.cfunc`` declared with another signature than the
+        kernel's (``restype`` ``c_int`` and one pointer argument;
+        ``int32(voidptr)``).
+    ValueError
+        If the address is 0 (a null function pointer, also a ``PyCapsule``
+        holding NULL) or is not a valid 64-bit address.
+
+    Examples
+    --------
+    >>> import ctypes, jaxbind                          # doctest: +SKIP
+    >>> lib = ctypes.CDLL("./libscale.so")              # doctest: +SKIP
+    >>> kernel = jaxbind.native(lib.scale, concurrent=True)  # doctest: +SKIP
+    >>> op = jaxbind.get_linear_call(kernel, kernel, abstract, abstract)  # doctest: +SKIP
     """
     if isinstance(kernel, (bool, np.bool_)) or not isinstance(kernel, (numbers.Integral, np.integer)):
         found = as_kernel(kernel, "the kernel", None, name_unnamed=False)

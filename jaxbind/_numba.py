@@ -164,7 +164,62 @@ def numba_kernel(fn=None, *, name: Optional[str] = None, concurrent: bool = Fals
     Usable as ``numba_kernel(fn)``, ``@numba_kernel`` or
     ``@numba_kernel(name=..., concurrent=...)``. ``name`` names the kernel in
     messages and is the op's default name (else ``fn.__name__``);
-    ``concurrent`` as for :func:`jaxbind.native`.
+    ``concurrent`` as for :func:`jaxbind.native`. Kernels are equal by
+    function, name and mode.
+
+    Parameters
+    ----------
+    fn : callable, optional
+        ``fn(out, args, kwargs)``, a Python function in numba's nopython
+        subset, or a ``numba.njit`` function. Omitted (``None``), the call
+        returns a decorator taking it.
+    name : str, optional
+        The kernel's name in messages, and the default name of an op made
+        from it (default: ``fn.__name__``).
+    concurrent : bool, default False
+        Run the kernel on XLA's thread pool (see :func:`jaxbind.native`).
+
+    Returns
+    -------
+    NativeKernel or callable
+        The kernel (a :class:`jaxbind.NativeKernel` compiled per signature),
+        accepted wherever an op takes a callback; or, when ``fn`` is omitted,
+        a decorator that makes one with ``name`` and ``concurrent``.
+
+    Raises
+    ------
+    ImportError
+        If numba is not installed (``pip install 'jaxbind[numba]'``).
+    TypeError
+        If ``name`` is not a non-empty string, or ``fn`` is not callable, is a
+        native kernel already, or is a numba object other than an ``njit``
+        function (a ``numba.cfunc`` with the kernel signature is a kernel
+        already: pass it to the op directly).
+
+    Notes
+    -----
+    Errors that depend on a call are raised when the op is lowered or first
+    called with it, naming the kernel: a dtype numba does not take (float16,
+    bfloat16 and the other types beyond bool, integers, float32/64 and
+    complex64/128) or a keyword argument it cannot take (a string, a name
+    that is not an identifier or begins with an underscore) is a
+    ``TypeError``; a kernel numba cannot compile for the call's signature
+    fails that call with numba's message; an exception ``fn`` raises fails
+    the op call with an error carrying its message. Compiling costs some
+    tenths of a second to a second per signature, once per process.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp, jaxbind
+    >>> @jaxbind.numba_kernel
+    ... def scale(out, args, kwargs):                  # y = factor * x
+    ...     x, y = args[-1], out[0]
+    ...     for i in range(x.shape[0]):
+    ...         y[i] = kwargs.factor * x[i]
+    >>> def like_last(*args, **kwargs):
+    ...     return ((args[-1].shape, args[-1].dtype),)
+    >>> op = jaxbind.get_linear_call(scale, scale, like_last, like_last)
+    >>> y, = op(jnp.arange(3.0), factor=2.0)
     """
     _numba_or_raise()
     if fn is None:

@@ -42,12 +42,79 @@ def _call_function(*args, _func: OpFunction, **kwargs):
 class Op(functools.partial):
     """A callable JAX operation made from user callbacks.
 
-    ``op(*arrays, **kwargs)`` returns the list of outputs. Keyword arguments are
-    static: they reach ``abstract`` as keyword arguments and the callbacks
-    serialized in ``kwargs_dump``. Ops built from the same functions and flags
-    compare and hash equal. An op is also a ``functools.partial`` of
-    ``op.func`` with the keyword ``_func`` (an :class:`OpFunction`), as
-    JAXbind's ops are; calling that partial's parts calls the op.
+    Ops are made by :func:`jaxbind.get_linear_call` and
+    :func:`jaxbind.get_nonlinear_call`, not constructed directly.
+    ``op(*arrays, **kwargs)`` returns the list of outputs, eagerly, under
+    ``jax.jit``, ``jax.vmap`` and JAX's differentiation (see Notes).
+    Keyword arguments are static: they reach ``abstract`` as keyword
+    arguments and the callbacks serialized in ``kwargs_dump``.
+
+    Ops are values: ops built from the same functions, flags and name compare
+    and hash equal and share compiled code. An op takes attributes
+    (``op.__doc__ = ...``), which play no part in equality. An op is also a
+    ``functools.partial`` of ``op.func`` with the keyword ``_func`` (an
+    ``OpFunction``), as JAXbind's ops are; calling that partial's parts calls
+    the op.
+
+    Parameters
+    ----------
+    definition : OpDef
+        Everything the op was made from (its kind, name, callbacks, abstracts
+        and flags), as built by :func:`jaxbind.get_linear_call` or
+        :func:`jaxbind.get_nonlinear_call`; the constructor is internal.
+
+    Attributes
+    ----------
+    definition : OpDef
+        The op's definition (``op.definition.name``,
+        ``op.definition.kind``, ...).
+
+    See Also
+    --------
+    jaxbind.testing.check_op : check an op's abstracts, derivatives and batching.
+
+    Notes
+    -----
+    **Calling an op**, ``op(*arrays, **kwargs)``:
+
+    - ``arrays``: the array arguments, JAX or NumPy arrays or scalars, the
+      fixed ones first. A linear op needs at least one after its
+      ``first_n_args_fixed`` fixed ones, a multilinear op exactly one per
+      transpose after them.
+    - ``kwargs``: static values of any picklable type (numbers, strings,
+      lists, NumPy arrays, ...), keyed by value, so a repeated value never
+      recompiles. They are pickled when the op is called and only that
+      pickle is kept: mutating a list after passing it changes nothing
+      already traced or compiled. With a native kernel among the callbacks,
+      only ints, floats, bools, strings and 1-d sequences of ints or floats.
+    - Returns the list of the outputs the abstract declares (a nonlinear
+      op's residuals excluded). An eager call on concrete arrays runs a
+      cached jitted call (at most 128 of them in the process, least recently
+      used first out).
+
+    **Errors of a call.** Misuse is reported when the op is called or
+    traced, naming the op: ``TypeError`` for an argument that is not an array
+    or a scalar, a number of arguments that does not fit the op, a keyword
+    argument that is traced, cannot be pickled or cannot be passed to a native
+    kernel, ``batch_axes`` passed to an op with ``func_can_batch=True``, or an
+    abstract that does not accept the arguments or returns something other
+    than one ``(shape, dtype)`` pair per output (or a dtype jaxbind cannot
+    pass); ``ValueError`` for an abstract that declares an output larger than
+    the machine's memory or no output besides the residuals (or, with
+    ``func_can_batch``, an output without every batch level at the axis it
+    names), a derivative with respect to a fixed argument, a second-order
+    derivative of a nonlinear op, or any derivative of an op made without
+    derivatives. A built-in exception raised by an abstract arrives as a
+    subclass of its type and of :class:`jaxbind.JaxbindError`.
+
+    An exception raised in a callback (or a failing native kernel) surfaces
+    as an exception whose message starts ``INTERNAL: jaxbind op '<name>'``
+    and carries the original type, message and traceback: a
+    ``jax.errors.JaxRuntimeError`` (a ``RuntimeError``) from an eager call, a
+    jitted function's first call and programs XLA runs on its worker
+    threads, but a ``ValueError`` from a jitted function that already ran and
+    whose program runs on the calling thread (JAX's fast path). Catch
+    ``(RuntimeError, ValueError)`` to catch callback failures everywhere.
     """
 
     # functools.partial gives ops a __dict__ (code written for JAXbind sets
@@ -68,7 +135,25 @@ class Op(functools.partial):
 
     @staticmethod
     def of(function: OpFunction) -> "Op":
-        """The op an :class:`OpFunction` describes (its own, or its variant with other flags)."""
+        """The op an ``OpFunction`` describes (its own, or its variant with other flags).
+
+        What ``op.func`` calls: code written for JAXbind may make a variant of
+        an op with ``op.keywords["_func"]._replace(can_batch=False)``, which is
+        the same op without native batching (vmap then walks the batch).
+
+        Parameters
+        ----------
+        function : OpFunction
+            The ``_func`` keyword of an op's ``functools.partial`` form (its
+            definition and ``can_batch`` flag).
+
+        Returns
+        -------
+        Op
+            The op of that definition, with ``func_can_batch`` set to
+            ``function.can_batch``; made once per definition and flag, then
+            reused.
+        """
         definition = function.definition
         if function.can_batch == definition.func_can_batch:
             variant = definition
@@ -93,9 +178,60 @@ class Op(functools.partial):
 
     @property
     def name(self) -> str:
+        """The op's name (``name=`` when it was made, else the name of ``f``)."""
         return self.definition.name
 
     def __call__(self, *args, **kwargs):
+        """Call the op: run its function on ``args`` and return the list of outputs.
+
+        Parameters
+        ----------
+        *args : array_like
+            The array arguments: JAX or NumPy arrays, or scalars (the fixed
+            ones first). A linear op needs at least one array after its
+            ``first_n_args_fixed`` fixed ones; a multilinear op exactly one per
+            transpose after them.
+        **kwargs
+            Static keyword arguments: any picklable values (numbers, strings,
+            lists, NumPy arrays, ...), passed to the abstracts as keyword
+            arguments and to the callbacks in ``kwargs_dump``. With a native
+            kernel among the callbacks, only ints, floats, bools, strings and
+            1-d sequences of ints or floats.
+
+        Returns
+        -------
+        list of jax.Array
+            One array per output the abstract declares (a nonlinear op's
+            residuals excluded), with the declared shapes and dtypes.
+
+        Raises
+        ------
+        TypeError
+            If an argument is not an array or a scalar, the number of
+            arguments does not fit the op, a keyword argument is a traced
+            value, cannot be pickled, or cannot be passed to a native kernel,
+            or ``batch_axes`` is passed to an op with ``func_can_batch=True``
+            (jaxbind passes it itself); also when the abstract does not accept
+            the arguments or returns something that is not one ``(shape,
+            dtype)`` pair per output, or declares a dtype jaxbind cannot pass.
+        ValueError
+            If the abstract declares an output larger than the machine's
+            memory, or no output besides ``n_residuals`` residuals, or (with
+            ``func_can_batch``) an output that does not hold every batch level
+            at the axis it names; if a derivative is asked for with respect to
+            a fixed argument, or (nonlinear ops) a second-order derivative; if an op
+            made without derivatives is differentiated; if a callback fails on
+            a jitted call JAX runs on its fast path (see the Notes of
+            :class:`jaxbind.Op`).
+        JaxbindError
+            Together with the built-in type it raised (a subclass of both),
+            if the abstract raises a built-in exception; an exception type of
+            the user's own is raised itself, with a note naming the op.
+        jax.errors.JaxRuntimeError
+            If a callback raises or a native kernel fails while the op runs
+            (a ``RuntimeError`` whose message names the op and carries the
+            original exception).
+        """
         role = self._entries.get(len(args)) or self._entry(len(args))
         for i, a in enumerate(args):
             if not isinstance(a, _ARRAY_TYPES):

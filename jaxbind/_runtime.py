@@ -28,15 +28,34 @@ def _env_flag(name: str) -> bool:
 class Config:
     """jaxbind's process-wide settings (``jaxbind.config``).
 
-    Attributes:
-      check_unwritten: checking mode. Before every callback and native kernel,
-        jaxbind fills the outputs with a sentinel (a NaN with an unusual payload
-        for float types, ``0xA5`` bytes for the others) and afterwards reports an
-        output element still holding it as an error naming the op and the
-        output. It costs a fill and a scan of every output: for tests and
-        debugging. The environment variable ``JAXBIND_CHECK_UNWRITTEN=1`` turns
-        it on at import. Integer and float8 outputs can hold the sentinel as a
-        legal value: writing exactly that value is reported too.
+    ``jaxbind.config`` is the one instance; set its attributes to change the
+    settings (``jaxbind.config.check_unwritten = True``). The constructor
+    takes no arguments and reads the environment.
+
+    Attributes
+    ----------
+    check_unwritten : bool
+        Checking mode (default: off, unless the environment variable
+        ``JAXBIND_CHECK_UNWRITTEN`` is set to something other than ``""``,
+        ``0``, ``false``, ``no`` or ``off`` at import). Before every callback
+        and native kernel, jaxbind fills the outputs with a sentinel (a NaN
+        with an unusual payload for float and complex types, ``0xA5`` bytes
+        for the others) and afterwards reports an output element still
+        holding it as an error naming the op, the output, how many elements
+        and the first one's index (under ``vmap`` too). It costs a fill and a
+        scan of every output: for tests and debugging.
+        :func:`jaxbind.testing.check_op` turns it on while it runs. Integer,
+        bool and float8 outputs can hold the sentinel as a legal value:
+        writing exactly that value is reported too. Setting it to anything but
+        a bool raises ``TypeError``.
+
+    Examples
+    --------
+    >>> import jaxbind
+    >>> jaxbind.config.check_unwritten = True
+    >>> jaxbind.config
+    jaxbind.config(check_unwritten=True)
+    >>> jaxbind.config.check_unwritten = False
     """
 
     __slots__ = ("_check_unwritten",)
@@ -47,6 +66,12 @@ class Config:
 
     @property
     def check_unwritten(self) -> bool:
+        """Whether the checking mode for unwritten outputs is on (see ``jaxbind.config``).
+
+        Assigning ``True`` or ``False`` (or a NumPy bool) turns it on or off
+        for every op of the process. Assigning
+        anything else raises ``TypeError``.
+        """
         return self._check_unwritten
 
     @check_unwritten.setter

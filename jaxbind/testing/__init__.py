@@ -54,26 +54,60 @@ def check_op(op: Op, /, *args, fd_rtol: Optional[float] = None, **kwargs) -> OpC
     of the values involved. A check the precision makes meaningless is listed
     in ``OpCheck.skipped`` with its reason.
 
-    Args:
-      op: a jaxbind op (``get_linear_call``/``get_nonlinear_call``);
-        positional-only, so that the op's keyword arguments may have any name.
-      *args: array arguments to call it with (the point the checks run at).
-      fd_rtol: an extra relative tolerance of the jvp against finite
-        differences, for an op computed to an accuracy of its own (an adaptive
-        ODE solver, an iterative solve): its relative accuracy. The name is
-        reserved: it is not passed to the op.
-      **kwargs: the op call's keyword arguments.
+    It runs with ``jaxbind.config.check_unwritten``
+    on (and restores the previous setting), so every callback it runs must
+    write all its outputs.
 
-    Returns:
-      An :class:`OpCheck`: each check with the argument it was about, the
-      measured error and its tolerance (``print`` it for a table), and the
-      checks skipped, with the reason.
+    Parameters
+    ----------
+    op : Op
+        A jaxbind op (:func:`jaxbind.get_linear_call`,
+        :func:`jaxbind.get_nonlinear_call`); positional-only, so that the
+        op's keyword arguments may have any name (``op=``, ``args=``).
+    *args : array_like
+        Array arguments to call it with (JAX or NumPy arrays, or scalars):
+        the point the checks run at.
+    fd_rtol : float, optional
+        An extra relative tolerance of the jvp against finite differences,
+        for an op computed to an accuracy of its own (an adaptive ODE solver,
+        an iterative solve): its relative accuracy, a finite non-negative
+        number. The name is reserved: it is not passed to the op.
+    **kwargs
+        The op call's keyword arguments.
 
-    Raises:
-      AssertionError: naming the op, the check, the argument and the measured
-        error, for the first check that fails.
-      TypeError, ValueError: for what is not an op, an argument that is not an
-        array, or an ``fd_rtol`` that is not a non-negative number.
+    Returns
+    -------
+    OpCheck
+        Each check with the argument it was about, the measured error and
+        its tolerance (``print`` it for a table), and the checks skipped,
+        with the reason.
+
+    Raises
+    ------
+    AssertionError
+        Naming the op, the check, the argument and the measured error, for
+        the first check that fails. A check in which running the op (or a
+        transformation of it) raises fails too, with that exception as the
+        ``__cause__``.
+    TypeError
+        If ``op`` is not a jaxbind op, or an argument is not an array (or a
+        scalar).
+    ValueError
+        If ``fd_rtol`` is not a finite non-negative number.
+
+    Notes
+    -----
+    Integer and bool outputs are compared exactly (eager against jit, batched
+    against the loop) and are not differentiated. With ``fd_rtol``, a jvp
+    wrong by more than that accuracy is still caught. It costs a few tenths of
+    a second to a few seconds per op, mostly compilations (the batched checks
+    are compiled together, as one program).
+
+    Examples
+    --------
+    >>> from jaxbind.testing import check_op          # doctest: +SKIP
+    >>> summary = check_op(op, A, x, factor=2.0)       # doctest: +SKIP
+    >>> print(summary)                                 # doctest: +SKIP
     """
     if not isinstance(op, Op):
         raise TypeError(f"check_op takes a jaxbind op, got {type(op).__name__}.")

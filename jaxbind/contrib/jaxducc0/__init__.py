@@ -5,8 +5,8 @@ differentiates to any order (``jvp``, ``vjp``/``grad``, ``linear_transpose``)
 and vmaps. The transposes follow JAX's convention (the plain transpose, no
 complex conjugation).
 
-- :data:`c2c`: complex FFT (``ducc0.fft.c2c``), batched natively under ``vmap``.
-- :data:`genuine_fht`: Hartley transform (``ducc0.fft.genuine_fht``), batched
+- :func:`c2c`: complex FFT (``ducc0.fft.c2c``), batched natively under ``vmap``.
+- :func:`genuine_fht`: Hartley transform (``ducc0.fft.genuine_fht``), batched
   natively under ``vmap``.
 - :func:`get_healpix_sht`: spherical harmonic synthesis onto a HEALPix map
   (``ducc0.sht.synthesis``, transpose from ``ducc0.sht.adjoint_synthesis``) on
@@ -14,6 +14,11 @@ complex conjugation).
   ``vmap``; :func:`nalm`.
 - :func:`get_wgridder`: the radio-interferometric degridder image -> visibilities
   (``ducc0.wgridder.experimental.dirty2vis``, transpose from ``vis2dirty``).
+
+The functions :func:`get_healpix_sht` and :func:`get_wgridder` return are
+``functools.partial`` s of the ops :func:`healpix_sht` and :func:`wgridder`
+with their keyword arguments. :func:`alm2realalm` and :func:`realalm2alm`
+convert :math:`a_{lm}` between ducc0's complex layout and the ops' real one.
 
 Like every jaxbind op, each returns the list of its outputs: ``y, = c2c(x)``.
 Needs ``ducc0`` (``pip install 'jaxbind[ducc0]'``).

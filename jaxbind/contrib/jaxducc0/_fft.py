@@ -93,31 +93,93 @@ def _symmetric_transform(name, dtypes, options=()):
 
 
 c2c = _symmetric_transform("c2c", tuple(_REAL_OF), options=(("forward", True, bool),))
-c2c.__doc__ = """Complex FFT of ``x`` (``ducc0.fft.c2c``) as a linear jaxbind op.
+c2c.__doc__ = """c2c(x, *, axes=None, forward=True, inorm=0, nthreads=1)
+
+Complex FFT of ``x`` (``ducc0.fft.c2c``) as a linear jaxbind op.
 
 ``c2c(x, axes=None, forward=True, inorm=0, nthreads=1)`` returns ``[y]``, ``y``
 of the shape and dtype of ``x`` (complex64 or complex128; cast real data to
 complex first, in JAX, so that its cotangent is made real by JAX's cast).
+The op jit-compiles, differentiates to any order and vmaps; it is its own
+transpose (the DFT matrix is symmetric) and batches natively: under ``vmap``
+one ducc0 call transforms the whole batch.
 
-- ``axes``: the axes to transform (None: all; an int or a sequence of ints,
-  negative ones from the end). Under ``vmap`` they are the axes of one
-  element; the batch is transformed in one ducc0 call.
-- ``forward``: sign of the exponent, ``-`` if True (``jnp.fft.fftn``), ``+``
-  otherwise (``n * jnp.fft.ifftn``).
-- ``inorm``: 0 no normalization, 1 divide by ``sqrt(N)``, 2 by ``N`` (``N``
-  the number of points transformed).
-- ``nthreads``: ducc0's threads (0: all hardware threads).
+Parameters
+----------
+x : jax.Array
+    The array to transform, complex64 or complex128 (positional).
+axes : int or sequence of int, optional
+    The axes to transform (None: all; an int or a sequence of ints,
+    negative ones from the end). Under ``vmap`` they are the axes of one
+    element; the batch is transformed in one ducc0 call.
+forward : bool, default True
+    Sign of the exponent, ``-`` if True (``jnp.fft.fftn``), ``+``
+    otherwise (``n * jnp.fft.ifftn``).
+inorm : {0, 1, 2}, default 0
+    0 no normalization, 1 divide by ``sqrt(N)``, 2 by ``N`` (``N``
+    the number of points transformed).
+nthreads : int, default 1
+    ducc0's threads (0: all hardware threads).
 
-The op is its own transpose (the DFT matrix is symmetric).
+Returns
+-------
+list of jax.Array
+    ``[y]``: the transform, of the shape and dtype of ``x``.
+
+Raises
+------
+TypeError
+    If ``x`` is not complex64 or complex128, ``axes`` is not None, an int or
+    a sequence of ints, or a keyword argument other than those above is
+    given. Raised while tracing, as a type derived from ``TypeError`` and
+    :class:`jaxbind.JaxbindError`, naming the op.
+ValueError
+    If an axis is out of range or repeated, or ``inorm`` is not 0, 1 or 2
+    (likewise derived from :class:`jaxbind.JaxbindError`).
+
+Examples
+--------
+>>> import jax.numpy as jnp
+>>> from jaxbind.contrib import jaxducc0
+>>> y, = jaxducc0.c2c(jnp.ones(8, jnp.complex64), inorm=2)
 """
 
 
 genuine_fht = _symmetric_transform("genuine_fht", tuple(_COMPLEX_OF))
-genuine_fht.__doc__ = """Hartley transform of ``x`` (``ducc0.fft.genuine_fht``) as a linear jaxbind op.
+genuine_fht.__doc__ = """genuine_fht(x, *, axes=None, inorm=0, nthreads=1)
+
+Hartley transform of ``x`` (``ducc0.fft.genuine_fht``) as a linear jaxbind op.
 
 ``genuine_fht(x, axes=None, inorm=0, nthreads=1)`` returns ``[y]``, ``y`` of
 the shape and dtype of ``x`` (float32 or float64): ``Re(F x) - Im(F x)`` with
 ``F`` the forward FFT over ``axes`` (the "genuine" multi-axis Hartley
 transform, not the separable one). ``axes``, ``inorm`` and ``nthreads`` as for
-:data:`c2c`; natively batched under ``vmap``. The op is its own transpose.
+:func:`c2c`; natively batched under ``vmap``. The op is its own transpose.
+
+Parameters
+----------
+x : jax.Array
+    The array to transform, float32 or float64 (positional).
+axes : int or sequence of int, optional
+    The axes to transform (None: all; negative ones from the end), those of
+    one element under ``vmap``.
+inorm : {0, 1, 2}, default 0
+    0 no normalization, 1 divide by ``sqrt(N)``, 2 by ``N``.
+nthreads : int, default 1
+    ducc0's threads (0: all hardware threads).
+
+Returns
+-------
+list of jax.Array
+    ``[y]``: the transform, of the shape and dtype of ``x``.
+
+Raises
+------
+TypeError
+    If ``x`` is not float32 or float64, ``axes`` is not None, an int or a
+    sequence of ints, or an unknown keyword argument is given (raised while
+    tracing, also a :class:`jaxbind.JaxbindError`).
+ValueError
+    If an axis is out of range or repeated, or ``inorm`` is not 0, 1 or 2
+    (also a :class:`jaxbind.JaxbindError`).
 """

@@ -24,7 +24,33 @@ from ._common import _COMPLEX_OF, _REAL_OF, _SQRT2, _check_kwargs, _check_dtype
 
 
 def nalm(lmax, mmax):
-    """Number of complex :math:`a_{lm}` ducc0 stores for ``lmax``, ``mmax`` (``0 <= mmax <= lmax``)."""
+    """Number of complex :math:`a_{lm}` ducc0 stores for ``lmax``, ``mmax`` (``0 <= mmax <= lmax``).
+
+    Parameters
+    ----------
+    lmax : int
+        The largest :math:`l`.
+    mmax : int
+        The largest :math:`m`, ``0 <= mmax <= lmax`` (not checked).
+
+    Returns
+    -------
+    int
+        ``(mmax + 1) (mmax + 2) / 2 + (mmax + 1) (lmax - mmax)``: the length of
+        the last axis of ducc0's :math:`a_{lm}` arrays. The real-packed layout
+        of :func:`alm2realalm` has ``2 * nalm(lmax, mmax) - lmax - 1`` entries.
+
+    Raises
+    ------
+    TypeError
+        If ``lmax`` or ``mmax`` is not an integer (``operator.index``).
+
+    Examples
+    --------
+    >>> from jaxbind.contrib.jaxducc0 import nalm
+    >>> nalm(2, 2)
+    6
+    """
     lmax, mmax = operator.index(lmax), operator.index(mmax)
     return ((mmax + 1) * (mmax + 2)) // 2 + (mmax + 1) * (lmax - mmax)
 
@@ -40,7 +66,35 @@ def alm2realalm(alm, lmax):
     ``Re a_l0`` for ``l = 0..lmax``, then ``sqrt(2) Re a_lm, sqrt(2) Im a_lm``
     for each ``m > 0`` entry. The imaginary parts of ``a_l0`` are dropped (they
     are zero for a real map). NumPy in, NumPy out (complex64 -> float32,
-    complex128 -> float64).
+    complex128 -> float64). With this scaling the Euclidean product of packed
+    arrays is that of the real fields they describe, which makes ducc0's
+    adjoint synthesis (repacked) the transpose of the synthesis op.
+
+    Parameters
+    ----------
+    alm : array_like
+        Complex :math:`a_{lm}` on the last axis (any leading axes), in ducc0's
+        m-major order: the ``m = 0`` block (``l = 0..lmax``) first. Arrays that
+        are not complex64 or complex128 are converted to complex128.
+    lmax : int
+        The largest :math:`l`.
+
+    Returns
+    -------
+    numpy.ndarray
+        The real-packed :math:`a_{lm}`, of shape ``alm.shape[:-1] + (2 *
+        alm.shape[-1] - lmax - 1,)``: float32 for complex64 input, else
+        float64.
+
+    Raises
+    ------
+    TypeError
+        If ``lmax`` is not an integer (``operator.index``). NumPy's own error
+        propagates for an ``alm`` it cannot convert.
+
+    See Also
+    --------
+    realalm2alm : the inverse.
     """
     alm = np.asarray(alm)
     if alm.dtype not in _REAL_OF:
@@ -53,7 +107,37 @@ def alm2realalm(alm, lmax):
 
 
 def realalm2alm(realalm, lmax):
-    """Unpack the real layout of :func:`alm2realalm` into complex :math:`a_{lm}` (its inverse)."""
+    """Unpack the real layout of :func:`alm2realalm` into complex :math:`a_{lm}` (its inverse).
+
+    NumPy in, NumPy out (float32 -> complex64, float64 -> complex128).
+
+    Parameters
+    ----------
+    realalm : array_like
+        Real-packed :math:`a_{lm}` on the last axis (any leading axes), as
+        :func:`alm2realalm` makes them. Arrays that are not float32 or
+        float64 are converted to float64.
+    lmax : int
+        The largest :math:`l`.
+
+    Returns
+    -------
+    numpy.ndarray
+        The complex :math:`a_{lm}` in ducc0's m-major order, of shape
+        ``realalm.shape[:-1] + ((realalm.shape[-1] + lmax + 1) // 2,)``:
+        complex64 for float32 input, else complex128; the ``m = 0`` entries
+        have zero imaginary parts.
+
+    Raises
+    ------
+    TypeError
+        If ``lmax`` is not an integer (``operator.index``). NumPy's own error
+        propagates for a ``realalm`` it cannot convert.
+
+    See Also
+    --------
+    alm2realalm : the packing this inverts.
+    """
     realalm = np.asarray(realalm)
     if realalm.dtype not in _COMPLEX_OF:
         realalm = realalm.astype(np.float64)
@@ -197,32 +281,103 @@ healpix_sht = get_linear_call(
     _sht_synthesis, _sht_adjoint, _sht_abstract, _sht_abstract_T, func_can_batch=True,
     name="jaxducc0.healpix_sht",
 )
-healpix_sht.__doc__ = """HEALPix spherical harmonic synthesis as a linear jaxbind op.
+healpix_sht.__doc__ = """healpix_sht(x, *, nside, lmax, mmax, spin, nthreads)
+
+HEALPix spherical harmonic synthesis as a linear jaxbind op.
 
 ``healpix_sht(x, nside=, lmax=, mmax=, spin=, nthreads=)`` returns ``[map]``;
-:func:`get_healpix_sht` fixes the keyword arguments.
+:func:`get_healpix_sht` fixes the keyword arguments (and checks them: this op
+does not check their values). The synthesis is ``ducc0.sht.synthesis`` onto
+the RING-ordered HEALPix map from real-packed :math:`a_{lm}` (see
+:func:`alm2realalm`); the transpose is ``ducc0.sht.adjoint_synthesis``,
+repacked. The op jit-compiles, differentiates to any order and batches
+natively under ``vmap`` (one ducc0 call for the whole batch).
+
+Parameters
+----------
+x : jax.Array
+    The real-packed :math:`a_{lm}`, of shape ``(ncomp, 2 * nalm(lmax, mmax) -
+    lmax - 1)``, float32 or float64 (positional); ``ncomp`` is 1 for spin 0,
+    else 2.
+nside : int
+    HEALPix resolution; the map has ``12 * nside**2`` pixels.
+lmax : int
+    Largest :math:`l` (inclusive).
+mmax : int
+    Largest :math:`m` (inclusive), ``0 <= mmax <= lmax``.
+spin : int
+    0 for a scalar field, > 0 for a spin field (two components).
+nthreads : int
+    ducc0's threads (0: all hardware threads).
+
+Returns
+-------
+list of jax.Array
+    ``[map]``, of shape ``(ncomp, 12 * nside**2)`` and the dtype of ``x``.
+
+Raises
+------
+TypeError
+    If ``x`` is not float32 or float64, or a keyword argument other than
+    those above is given (raised while tracing, also a
+    :class:`jaxbind.JaxbindError`).
+ValueError
+    If ``x`` does not have the shape above (also a
+    :class:`jaxbind.JaxbindError`).
+KeyError
+    If one of ``nside``, ``lmax``, ``mmax``, ``spin`` is missing (while
+    tracing, also a :class:`jaxbind.JaxbindError`); a missing ``nthreads``
+    fails the call itself (a ``jax.errors.JaxRuntimeError``).
 """
 
 
 def get_healpix_sht(nside, lmax, mmax, spin, nthreads=1):
     """Spherical harmonic synthesis onto a RING-ordered HEALPix map, as a JAX function.
 
-    Args:
-      nside: HEALPix resolution; the map has ``12 * nside**2`` pixels.
-      lmax, mmax: largest :math:`l` and :math:`m` (inclusive), ``0 <= mmax <= lmax``.
-      spin: 0 for a scalar field (one map), > 0 for a spin field (two maps, from
-        the gradient and curl :math:`a_{lm}`).
-      nthreads: ducc0's threads (0: all hardware threads).
+    Parameters
+    ----------
+    nside : int
+        HEALPix resolution; the map has ``12 * nside**2`` pixels.
+    lmax : int
+        Largest :math:`l` (inclusive).
+    mmax : int
+        Largest :math:`m` (inclusive), ``0 <= mmax <= lmax``.
+    spin : int
+        0 for a scalar field (one map), > 0 for a spin field (two maps, from
+        the gradient and curl :math:`a_{lm}`); ``spin <= lmax``.
+    nthreads : int, default 1
+        ducc0's threads (0: all hardware threads).
 
-    Returns:
-      ``sht(x)`` returning ``[map]``: ``x`` the real-packed :math:`a_{lm}` of shape
-      ``(ncomp, 2 * nalm(lmax, mmax) - lmax - 1)`` (float32 or float64; see
-      :func:`alm2realalm`), ``map`` of shape ``(ncomp, 12 * nside**2)`` and the
-      dtype of ``x``, with ``ncomp`` 1 for spin 0 and 2 otherwise. It is linear,
-      with ``ducc0.sht.adjoint_synthesis`` (repacked) as its transpose; it
-      jit-compiles, differentiates and vmaps (a vmapped call is one ducc0
-      call for the whole batch). ``sht.func`` is the underlying
-      op, ``sht.keywords`` its keyword arguments.
+    Returns
+    -------
+    functools.partial
+        ``sht(x)`` returning ``[map]``: ``x`` the real-packed :math:`a_{lm}` of shape
+        ``(ncomp, 2 * nalm(lmax, mmax) - lmax - 1)`` (float32 or float64; see
+        :func:`alm2realalm`), ``map`` of shape ``(ncomp, 12 * nside**2)`` and the
+        dtype of ``x``, with ``ncomp`` 1 for spin 0 and 2 otherwise. It is linear,
+        with ``ducc0.sht.adjoint_synthesis`` (repacked) as its transpose; it
+        jit-compiles, differentiates and vmaps (a vmapped call is one ducc0
+        call for the whole batch). ``sht.func`` is the underlying
+        op (:func:`healpix_sht`), ``sht.keywords`` its keyword arguments, so
+        ``jaxbind.testing.check_op(sht.func, x, **sht.keywords)`` checks it.
+
+    Raises
+    ------
+    TypeError
+        If an argument is not an integer (``operator.index``).
+    ValueError
+        If ``nside < 1``, not ``0 <= mmax <= lmax``, not ``0 <= spin <=
+        lmax``, or ``nthreads < 0``.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from jaxbind.contrib import jaxducc0
+    >>> sht = jaxducc0.get_healpix_sht(nside=4, lmax=8, mmax=8, spin=0)
+    >>> n = 2 * jaxducc0.nalm(8, 8) - 8 - 1
+    >>> m, = sht(jnp.ones((1, n)))
+    >>> m.shape
+    (1, 192)
     """
     nside, lmax, mmax, spin, nthreads = map(operator.index, (nside, lmax, mmax, spin, nthreads))
     if nside < 1:

@@ -79,10 +79,62 @@ wgridder = get_linear_call(
     _dirty2vis, _vis2dirty, _dirty2vis_abstract, _vis2dirty_abstract, first_n_args_fixed=2,
     name="jaxducc0.wgridder",
 )
-wgridder.__doc__ = """ducc0's w-gridder (image -> visibilities) as a linear jaxbind op.
+wgridder.__doc__ = """wgridder(uvw, freq, dirty, *, pixsize_x, pixsize_y, npix_x, npix_y, epsilon, **kwargs)
+
+ducc0's w-gridder (image -> visibilities) as a linear jaxbind op.
 
 ``wgridder(uvw, freq, dirty, **kwargs)`` returns ``[vis]``; :func:`get_wgridder`
-fixes the keyword arguments.
+fixes the keyword arguments. The op is ``ducc0.wgridder.experimental.dirty2vis``,
+linear in ``dirty``; its transpose is ``vis2dirty`` of the conjugated
+cotangent (JAX's convention for a real-to-complex map). ``uvw`` and ``freq``
+are fixed arguments (computed in float64; asking for their derivative is an
+error). Under ``vmap`` the batch is walked, one ducc0 call per element.
+
+Parameters
+----------
+uvw : jax.Array
+    The baselines' coordinates, shape ``(nrow, 3)``, real floats (metres).
+freq : jax.Array
+    The channels' frequencies, shape ``(nchan,)``, real floats (Hz).
+dirty : jax.Array
+    The image, shape ``(npix_x, npix_y)``, float32 or float64.
+pixsize_x : float
+    Pixel size along the first image axis, in radians (required by ducc0).
+pixsize_y : float
+    Pixel size along the second image axis, in radians (required by ducc0).
+npix_x : int
+    The image's first dimension (required).
+npix_y : int
+    The image's second dimension (required).
+epsilon : float
+    The requested accuracy (required by ducc0).
+**kwargs
+    Further keyword arguments of ``dirty2vis`` and ``vis2dirty``
+    (``do_wgridding``, ``nthreads``, ``verbosity``, ``flip_v``, ``center_x``,
+    ``wgt``, ``mask``, ...), with ducc0's defaults; ``vis2dirty``'s own
+    (``double_precision_accumulation``) reach it alone.
+
+Returns
+-------
+list of jax.Array
+    ``[vis]``: the visibilities, shape ``(nrow, nchan)``, complex64 for a
+    float32 image, else complex128.
+
+Raises
+------
+TypeError
+    If ``dirty`` is not float32 or float64, or ``uvw`` or ``freq`` is not of
+    a real float dtype (raised while tracing, also a
+    :class:`jaxbind.JaxbindError`).
+ValueError
+    If ``uvw`` is not of shape ``(nrow, 3)``, ``freq`` is not 1-d, or
+    ``dirty`` is not of shape ``(npix_x, npix_y)`` (also a
+    :class:`jaxbind.JaxbindError`).
+KeyError
+    If ``npix_x`` or ``npix_y`` is missing (also a
+    :class:`jaxbind.JaxbindError`). Keyword arguments ducc0 refuses or lacks
+    fail the call itself (a ``jax.errors.JaxRuntimeError`` carrying ducc0's
+    message).
 """
 
 
@@ -92,30 +144,60 @@ def get_wgridder(
 ):
     """Radio-interferometric (w-)gridding (``ducc0.wgridder.experimental``) as a JAX function.
 
-    Args:
-      pixsize_x, pixsize_y: pixel sizes of the image, in radians.
-      npix_x, npix_y: the image's shape (each even and at least 32, as ducc0 requires).
-      epsilon: requested accuracy (> 2e-13; > 1e-5 for a float32 image).
-      do_wgridding: whether to take the w coordinate into account (else w = 0).
-      nthreads: ducc0's threads (0: all hardware threads).
-      flip_v: multiply the v coordinates by -1.
-      verbosity: 0 silent, 1 diagnostics from ducc0.
-      **kwargs: further keyword arguments of ``dirty2vis``/``vis2dirty``
+    Every argument is keyword-only. The values are converted (``float``,
+    ``operator.index``, ``bool``) but otherwise checked by ducc0, when the
+    function is called.
+
+    Parameters
+    ----------
+    pixsize_x : float
+        Pixel size of the image along its first axis, in radians.
+    pixsize_y : float
+        Pixel size along its second axis, in radians.
+    npix_x : int
+        The image's first dimension (even and at least 32, as ducc0 requires).
+    npix_y : int
+        The image's second dimension (even and at least 32).
+    epsilon : float
+        Requested accuracy (> 2e-13; > 1e-5 for a float32 image).
+    do_wgridding : bool
+        Whether to take the w coordinate into account (else w = 0).
+    nthreads : int, default 1
+        ducc0's threads (0: all hardware threads).
+    flip_v : bool, default False
+        Multiply the v coordinates by -1.
+    verbosity : int, default 0
+        0 silent, 1 diagnostics from ducc0.
+    **kwargs
+        Further keyword arguments of ``dirty2vis``/``vis2dirty``
         (``center_x``, ``center_y``, ``flip_u``, ``flip_w``, ``divide_by_n``,
         ``sigma_min``, ``sigma_max``, ``wgt``, ``mask``, ...); ones that only
         ``vis2dirty`` takes (``double_precision_accumulation``) reach it alone.
 
-    Returns:
-      ``grid(uvw, freq, image)`` returning ``[vis]``: ``uvw`` of shape
-      ``(nrow, 3)`` (metres), ``freq`` of shape ``(nchan,)`` (Hz), ``image`` of
-      shape ``(npix_x, npix_y)`` (float32 or float64); ``vis`` of shape
-      ``(nrow, nchan)``, complex64 or complex128 after the image. It is the
-      degridding ``dirty2vis``, linear in ``image``, whose transpose is
-      ``vis2dirty`` (of the conjugated cotangent, JAX's convention for a
-      real-to-complex map). ``uvw`` and ``freq`` are fixed arguments (computed
-      in float64; not differentiable: asking for their derivative is an
-      error). ``grid.func`` is the underlying op, ``grid.keywords`` its keyword
-      arguments.
+    Returns
+    -------
+    functools.partial
+        ``grid(uvw, freq, image)`` returning ``[vis]``: ``uvw`` of shape
+        ``(nrow, 3)`` (metres), ``freq`` of shape ``(nchan,)`` (Hz), ``image`` of
+        shape ``(npix_x, npix_y)`` (float32 or float64); ``vis`` of shape
+        ``(nrow, nchan)``, complex64 or complex128 after the image. It is the
+        degridding ``dirty2vis``, linear in ``image``, whose transpose is
+        ``vis2dirty`` (of the conjugated cotangent, JAX's convention for a
+        real-to-complex map). ``uvw`` and ``freq`` are fixed arguments (computed
+        in float64; not differentiable: asking for their derivative is an
+        error). ``grid.func`` is the underlying op (:func:`wgridder`),
+        ``grid.keywords`` its keyword arguments.
+
+    Raises
+    ------
+    TypeError
+        If ``kwargs`` holds one of the op's array arguments (``uvw``,
+        ``freq``, ``dirty``, ``vis``), or ``npix_x``, ``npix_y``, ``nthreads``
+        or ``verbosity`` is not an integer, or ``pixsize_x``, ``pixsize_y`` or
+        ``epsilon`` is not a number (``float`` raises).
+    ValueError
+        If ``pixsize_x``, ``pixsize_y`` or ``epsilon`` is a string that
+        ``float`` cannot parse.
     """
     clash = sorted(set(kwargs) & set(_WGRIDDER_RESERVED))
     if clash:
