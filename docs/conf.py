@@ -34,6 +34,7 @@ autodoc_default_options = {"members": True, "show-inheritance": False}
 napoleon_google_docstring = False
 napoleon_numpy_docstring = True
 napoleon_use_rtype = False
+napoleon_use_ivar = True  # attributes of an instance's class stay under it (jaxbind.config)
 
 # Every page's examples share this set-up (each page is one namespace, run top to bottom).
 doctest_global_setup = f"""
