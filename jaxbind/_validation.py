@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import inspect
 import math
 import os
@@ -96,7 +97,9 @@ def _raise_abstract_failure(role: Role, err: Exception):
     """
     message = f"jaxbind {role.label}: its abstract function raised {type(err).__name__}: {err}"
     base = type(err)
-    if base.__module__ == "builtins":
+    # Built-in by identity, not by ``__module__``: a class defined in code run
+    # without a module name (``exec``, doctests) reports the module "builtins" too.
+    if getattr(builtins, base.__name__, None) is base:
         try:
             derived = _abstract_error_types.get(base)
             if derived is None:

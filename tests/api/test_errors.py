@@ -148,6 +148,21 @@ PATHS = {
 }
 
 
+def test_a_class_from_code_without_a_module_name_is_the_users_own():
+    """exec'd code (a doctest, a notebook cell run that way) makes classes whose
+    __module__ is "builtins": still the user's type, raised itself with a note."""
+    scope = {"__builtins__": __builtins__}
+    exec("class PlanError(Exception):\n    pass\n", scope)
+    plan_error = scope["PlanError"]
+    assert plan_error.__module__ == "builtins"
+    op = jaxbind.get_linear_call(ident, ident, _raising(plan_error("bad plan")), _raising(plan_error("bad plan")),
+                                 name="planned")
+    with pytest.raises(plan_error) as info:
+        op(jnp.ones((2, 2)))
+    assert type(info.value) is plan_error and not isinstance(info.value, jaxbind.JaxbindError)
+    assert any("op 'planned'" in note for note in info.value.__notes__)
+
+
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("failure", list(ABSTRACT_FAILURES))
 def test_an_abstract_exception_keeps_its_type_and_names_the_op(failure, path):
@@ -156,7 +171,7 @@ def test_an_abstract_exception_keeps_its_type_and_names_the_op(failure, path):
     with pytest.raises(type(exc)) as info:
         PATHS[path](op, jnp.ones((2, 2)))
     err = info.value
-    if type(exc).__module__ == "builtins":  # also a JaxbindError, and its message names the op
+    if getattr(__import__("builtins"), type(exc).__name__, None) is type(exc):  # also a JaxbindError, and its message names the op
         assert isinstance(err, jaxbind.JaxbindError)
         assert "jaxbind op 'vector_op': its abstract function raised" in str(err)
         assert type(err).__name__ == type(exc).__name__ and err.__cause__ is exc
