@@ -1,0 +1,372 @@
+"""Draw the performance page's figures from the committed benchmark results.
+
+Run:  python bench/figures.py [--results bench/results] [--out docs/_static/figures]
+      python bench/figures.py --check      # CI: draw every figure into a temporary folder and check it
+
+The results are ``bench/results/*.json``, written by ``bench/collect.py`` (which runs
+``overhead.py`` and ``jaxbind131.py`` twice each, taking turns, then ``numba_kernels.py``,
+``thread_safe.py``, ``scaling.py`` and ``solvers.py``; each file keeps the script's own JSON
+under "results" and the run's date, load average and versions under "run"). Nothing here
+measures anything: the figures are redrawn from the files as they are, and need matplotlib
+only (no jax, no jaxbind).
+
+Figures (PNG, 7 inches wide, for a page about 700 px wide):
+  per-call.png      per-call cost of jax.pure_callback, buffer_callback, JAXbind 1.3.1 and jaxbind
+  vmap-cores.png    a vmapped walk against a fori_loop of single calls / against one thread
+  vmap-batch.png    vmap over 64 x 1000 numbers: the ways each package batches a Python callback
+  solvers.png       derivatives through external solvers, with and without residuals
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+OUT = os.path.join(HERE, os.pardir, "docs", "_static", "figures")
+WIDTH = 7.0  # inches; saved at DPI, shown about 700 px wide
+DPI = 200
+
+# One colour per package: JAX's own callbacks grey, the original JAXbind orange, jaxbind blue.
+GREY, LIGHT_GREY = "#6b6b6b", "#b0b0b0"
+ORANGE, LIGHT_ORANGE = "#d9730d", "#f2b275"
+BLUE, LIGHT_BLUE, DARK_BLUE = "#1f5fa8", "#7fb2e5", "#0b2e59"
+GREEN = "#2e8b57"
+
+plt.rcParams.update({
+    "font.size": 9.5, "axes.titlesize": 10.5, "axes.labelsize": 9.5, "legend.fontsize": 8.5,
+    "xtick.labelsize": 9, "ytick.labelsize": 9, "figure.titlesize": 11.5, "axes.spines.top": False,
+    "axes.spines.right": False, "savefig.facecolor": "white",
+})
+
+
+# ---------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------
+
+
+def load(results, name):
+    """The wrapped results file NAME.json ({"run": ..., "results": ...}), or None if absent."""
+    path = os.path.join(results, f"{name}.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def load_runs(results, stem):
+    """Every run of a benchmark that ran more than once (STEM-1.json, STEM-2.json, ...)."""
+    runs, k = [], 1
+    while (run := load(results, f"{stem}-{k}")) is not None:
+        runs.append(run)
+        k += 1
+    return runs
+
+
+def finish(fig, path, title, note, runs, sources, top=0.45):
+    """Title at the top, ``note`` (the method) and a footer (machine, versions, date, load, data files)
+    under the axes, then save. ``top``: inches kept under the title for a legend."""
+    height = fig.get_figheight()
+    first = runs[0]["run"]
+    v = first["versions"]
+    dates = sorted({r["run"]["started_utc"][:10] for r in runs})
+    loads = [x for r in runs for x in (r["run"]["load_average_before"][0], r["run"]["load_average_after"][0])]
+    machine = (f"{first['cpus']} cores, Python {v['python']}, jax {v['jax']}, numpy {v['numpy']}"
+               + (f", numba {v['numba']}" if any("numba" in s for s in sources) else "")
+               + (f", scipy {v['scipy']}" if any("solvers" in s for s in sources) else "")
+               + f"; measured {', '.join(dates)}, load average {min(loads):.1f}–{max(loads):.1f}")
+    data = "Data: " + ", ".join(f"bench/results/{s}" for s in sources) + "; drawn by bench/figures.py"
+    fig.text(0.01, 0.06 / height, machine + "\n" + data, fontsize=7, color="#555555", va="bottom",
+             linespacing=1.3)
+    lines = note.count("\n") + 1
+    fig.text(0.01, 0.42 / height, note, fontsize=7.5, color="#222222", va="bottom", linespacing=1.3)
+    fig.suptitle(title, x=0.01, y=1 - 0.08 / height, ha="left", va="top", fontweight="bold")
+    bottom = 0.5 + 0.15 * lines
+    fig.tight_layout(rect=(0, bottom / height, 1, 1 - (0.25 + top) / height))
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def top_legend(fig, handles, labels, ncol):
+    height = fig.get_figheight()
+    fig.legend(handles, labels, ncol=ncol, loc="upper left", bbox_to_anchor=(0.0, 1 - 0.3 / height),
+               frameon=False, columnspacing=1.2, handlelength=1.6)
+
+
+def spread(values):
+    """Median of the runs, and its distance to the lowest and the highest run (for error bars)."""
+    m = statistics.median(values)
+    return m, m - min(values), max(values) - m
+
+
+# ---------------------------------------------------------------------------
+# (a) per call
+# ---------------------------------------------------------------------------
+
+PER_CALL_ROWS = [
+    # label, file stem, key in per_call_us (caller: the tiny program XLA runs on the Python thread), colour, hatch
+    ("jax.pure_callback", "overhead", "jax.pure_callback [caller]", GREY, None),
+    ("buffer_callback", "overhead", "buffer_callback [caller]", LIGHT_GREY, None),
+    ("JAXbind 1.3.1, NumPy body", "jaxbind131", "JAXbind 1.3.1 python [caller]", ORANGE, None),
+    ("JAXbind 1.3.1, empty body", "jaxbind131", "JAXbind 1.3.1 python, empty body [caller]", LIGHT_ORANGE, "//"),
+    ("jaxbind, NumPy body", "overhead", "jaxbind python [caller]", BLUE, None),
+    ("jaxbind, empty body", "overhead", "jaxbind python, empty body [caller]", LIGHT_BLUE, "//"),
+    ("jaxbind, native C kernel", "overhead", "jaxbind native [caller]", DARK_BLUE, None),
+]
+
+
+def per_call_figure(results, path):
+    runs = {"overhead": load_runs(results, "overhead"), "jaxbind131": load_runs(results, "jaxbind131")}
+    if not runs["overhead"]:
+        raise SystemExit(f"no overhead-1.json in {results}: run bench/collect.py")
+    sizes = [s for s in ("1", "1000", "1000000") if all(s in r["results"]["per_call_us"] for r in runs["overhead"])]
+    rows = [row for row in PER_CALL_ROWS if runs[row[1]]]
+    fig, ax = plt.subplots(figsize=(WIDTH, 5.0))
+    width = 0.8 / len(rows)
+    for j, (label, stem, key, colour, hatch) in enumerate(rows):
+        for i, size in enumerate(sizes):
+            values = [r["results"]["per_call_us"][size][key] for r in runs[stem]
+                      if key in r["results"]["per_call_us"].get(size, {})]
+            if not values:
+                continue
+            m, low, high = spread(values)
+            x = i + (j - (len(rows) - 1) / 2) * width
+            ax.bar(x, m, width * 0.92, color=colour, hatch=hatch, edgecolor="white" if hatch else colour,
+                   linewidth=0, label=label if i == 0 else None)
+            ax.errorbar(x, m, yerr=[[low], [high]], fmt="none", ecolor="black", elinewidth=0.8, capsize=1.5)
+            ax.text(x, m + high, f" {m:.3g}", rotation=90, ha="center", va="bottom", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylim(0.05, ax.get_ylim()[1] * 2.5)
+    ax.set_xticks(range(len(sizes)), [f"{int(s):,} float64" + (" number" if s == "1" else " numbers")
+                                      for s in sizes])
+    ax.set_xlabel("array size (y = 2 x)")
+    ax.set_ylabel("time per call, µs (log scale)")
+    ax.grid(axis="y", which="major", color="#dddddd", linewidth=0.6)
+    ax.set_axisbelow(True)
+    title = "Per-call cost of a callback op inside a jitted loop"
+    if not runs["jaxbind131"]:
+        title += " (JAXbind 1.3.1: not measured)"
+    handles, labels = ax.get_legend_handles_labels()
+    blank = Patch(visible=False)
+    columns = {"jax": [], "JAXbind": [], "jaxbind": []}  # one column per package
+    for h, l in zip(handles, labels):
+        columns["jax" if not l.lower().startswith("jaxbind") else l.split()[0].rstrip(",")].append((h, l))
+    rows = max(len(c) for c in columns.values())
+    cells = [cell for c in columns.values() for cell in c + [(blank, "")] * (rows - len(c))]
+    top_legend(fig, [h for h, _ in cells], [l for _, l in cells], ncol=3)
+    n = len(runs["overhead"])
+    note = (f"(T(K) − T(0)) / K of K calls in one jitted lax.fori_loop with a traced trip count (XLA runs this "
+            f"tiny program\non the calling thread); bars: median of {n} runs taking turns, whiskers: lowest and "
+            "highest run.")
+    finish(fig, path, title, note, runs["overhead"] + runs["jaxbind131"],
+           ["overhead-*.json", "jaxbind131-*.json"], top=0.15 + 0.2 * rows)
+
+
+# ---------------------------------------------------------------------------
+# (b) vmap and the cores
+# ---------------------------------------------------------------------------
+
+
+def vmap_cores_figure(results, path):
+    numba, scaling, safe = load(results, "numba"), load(results, "scaling"), load(results, "thread_safe")
+    rows = []  # label, ratio, detail, colour
+    if numba:
+        for r in numba["results"]["every_core"]:
+            kind = "numba kernel" if r["kernel"].startswith("numba") else "C kernel"
+            rows.append((f"{kind}, ~{r['per_element_us']:.0f} µs per element\n(numba_kernels.py)", r["ratio"],
+                         f"{r['vmap_us'] / 1e3:.1f} ms vs {r['loop_us'] / 1e3:.1f} ms",
+                         GREEN if kind == "numba kernel" else DARK_BLUE))
+    if scaling:
+        for r in scaling["results"]["every_core"]:
+            label = ("C kernel, ~150 µs per element" if "jb_busy" in r["case"]
+                     else "C kernel, < 1 µs per element (4 numbers)")
+            detail = (f"{r['vmap_us'] / 1e3:.1f} ms vs {r['loop_us'] / 1e3:.1f} ms" if r["loop_us"] > 1000
+                      else f"{r['vmap_us']:.1f} µs vs {r['loop_us']:.1f} µs")
+            rows.append((f"{label}\n(scaling.py)", r["ratio"], detail, DARK_BLUE))
+    if safe:
+        for label, r in safe["results"].items():
+            short = ("Python callback, NumPy on 10⁵ numbers\n(releases the GIL; thread_safe.py)"
+                     if "releases" in label else "Python callback, Python loop\n(holds the GIL; thread_safe.py)")
+            rows.append((short, r["ratio"], f"{r['thread_safe_ms']:.2f} ms vs {r['one_thread_ms']:.2f} ms", BLUE))
+    if not rows:
+        raise SystemExit(f"no numba.json, scaling.json or thread_safe.json in {results}")
+    fig, ax = plt.subplots(figsize=(WIDTH, 0.6 * len(rows) + 2.6))
+    y = list(range(len(rows)))[::-1]
+    ax.barh(y, [r[1] for r in rows], height=0.6, color=[r[3] for r in rows])
+    for yi, (_, ratio, detail, _) in zip(y, rows):
+        ax.text(ratio + 0.02, yi, f"{ratio:.2f}   ({detail})", va="center", fontsize=8,
+                bbox=dict(facecolor="white", edgecolor="none", pad=0.6, alpha=0.85))
+    ax.set_yticks(y, [r[0] for r in rows], fontsize=8.5)
+    top = max(1.6, max(r[1] for r in rows) + 0.95)
+    ax.set_xlim(0, top)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.axvline(0.5, color="black", linewidth=0.8, linestyle="--")
+    ax.text(1.0, len(rows) - 0.45, " 1: no gain", fontsize=7.5, va="bottom")
+    ax.text(0.5, len(rows) - 0.45, "0.5: two cores' ideal ", fontsize=7.5, va="bottom", ha="right")
+    ax.set_xlabel("time of the vmapped call / time of the reference (lower is faster)")
+    ax.set_ylim(-0.6, len(rows) - 0.1)
+    top_legend(fig, [Patch(color=DARK_BLUE), Patch(color=GREEN), Patch(color=BLUE)],
+               ["C kernel: vmap / 64 single calls in a fori_loop",
+                "numba kernel: vmap / 64 single calls in a fori_loop",
+                "Python callback: thread_safe=True / the one-thread walk"], ncol=1)
+    note = ("Each time: one whole jitted call, the median of interleaved repetitions after a warm-up "
+            "(bench/_timing.py);\nin brackets: the vmapped call against its reference.")
+    runs = [r for r in (numba, scaling, safe) if r]
+    finish(fig, path, "vmap over 64 elements: one call whose walk spreads over the cores", note, runs,
+           [n for n, r in (("numba.json", numba), ("scaling.json", scaling), ("thread_safe.json", safe)) if r],
+           top=0.5)
+
+
+# ---------------------------------------------------------------------------
+# vmap over 64 x 1000: the ways of batching a Python callback
+# ---------------------------------------------------------------------------
+
+BATCH_ROWS = [
+    # label, file stem, key in other_us, colour
+    ("jax.pure_callback, vmap_method='sequential'", "overhead", "vmap 64x1000: pure_callback vmap_method=sequential",
+     GREY),
+    ("jax.pure_callback, vmap_method='expand_dims'", "overhead",
+     "vmap 64x1000: pure_callback vmap_method=expand_dims", LIGHT_GREY),
+    ("jax.pure_callback, vmap_method='broadcast_all'", "overhead",
+     "vmap 64x1000: pure_callback vmap_method=broadcast_all", LIGHT_GREY),
+    ("JAXbind 1.3.1, without func_can_batch", "jaxbind131", "vmap 64x1000: JAXbind 1.3.1 (no func_can_batch)",
+     ORANGE),
+    ("JAXbind 1.3.1, func_can_batch", "jaxbind131", "vmap 64x1000: JAXbind 1.3.1 func_can_batch", LIGHT_ORANGE),
+    ("jaxbind, 64 single calls (64 × per call)", "overhead", "vmap 64x1000: 64 single calls of jaxbind python",
+     LIGHT_BLUE),
+    ("jaxbind, without func_can_batch (one walk)", "overhead", "vmap 64x1000: jaxbind walk (no func_can_batch)",
+     BLUE),
+    ("jaxbind, func_can_batch", "overhead", "vmap 64x1000: jaxbind func_can_batch", DARK_BLUE),
+]
+
+
+def vmap_batch_figure(results, path):
+    runs = {"overhead": load_runs(results, "overhead"), "jaxbind131": load_runs(results, "jaxbind131")}
+    rows = []
+    for label, stem, key, colour in BATCH_ROWS:
+        values = [r["results"]["other_us"][key] for r in runs[stem] if key in r["results"].get("other_us", {})]
+        values = [v for v in values if v == v]  # NaN when its run had no per-call row of 1000
+        if values:
+            rows.append((label, *spread(values), colour))
+    fig, ax = plt.subplots(figsize=(WIDTH, 0.42 * len(rows) + 2.2))
+    y = list(range(len(rows)))[::-1]
+    for yi, (label, m, low, high, colour) in zip(y, rows):
+        ax.barh(yi, m, height=0.62, color=colour)
+        ax.errorbar(m, yi, xerr=[[low], [high]], fmt="none", ecolor="black", elinewidth=0.8, capsize=1.5)
+        ax.text(m + high, yi, f"  {m:,.0f} µs" if m >= 1000 else f"  {m:.3g} µs", va="center", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlim(ax.get_xlim()[0], ax.get_xlim()[1] * 4)
+    ax.set_yticks(y, [r[0] for r in rows], fontsize=8.5)
+    ax.set_xlabel("time per jitted vmapped call, µs (log scale)")
+    ax.grid(axis="x", which="major", color="#dddddd", linewidth=0.6)
+    ax.set_axisbelow(True)
+    note = ("Each: the median of timed batches of Python-level calls of the jitted vmapped function; "
+            f"bars: median of\n{len(runs['overhead'])} runs taking turns, whiskers: lowest and highest run.")
+    finish(fig, path, "vmap of y = 2 x (a NumPy callback) over a 64 × 1000 batch", note,
+           runs["overhead"] + runs["jaxbind131"], ["overhead-*.json", "jaxbind131-*.json"], top=0.0)
+
+
+# ---------------------------------------------------------------------------
+# (c) solvers
+# ---------------------------------------------------------------------------
+
+
+def solvers_figure(results, path):
+    solvers = load(results, "solvers")
+    if solvers is None:
+        raise SystemExit(f"no solvers.json in {results}")
+    roots, ode = solvers["results"]["root_solve"], solvers["results"]["ode_jacrev"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(WIDTH, 4.4), gridspec_kw={"width_ratios": [1.55, 1]})
+    names = list(roots)
+    labels = {"forward solve alone": "forward\nsolve", "jit(grad), residuals": "grad,\nresiduals",
+              "jit(grad), no residuals": "grad, no\nresiduals"}
+    colours = [GREY, BLUE, ORANGE]
+    x = range(len(names))
+    wall = [1e3 * roots[n]["seconds"] for n in names]
+    cpu = [1e3 * roots[n]["cpu_seconds"] for n in names]
+    left.bar([i - 0.2 for i in x], wall, 0.38, color=colours, label="wall time")
+    left.bar([i + 0.2 for i in x], cpu, 0.38, color=colours, alpha=0.5, hatch="//", edgecolor="white",
+             label="CPU time of the calling thread")
+    for i, n in enumerate(names):
+        left.text(i - 0.2, wall[i], f"{roots[n]['ratio']:.2f}×", ha="center", va="bottom", fontsize=8)
+        if roots[n]["cpu_ratio"] is not None:
+            left.text(i + 0.2, cpu[i], f"{roots[n]['cpu_ratio']:.2f}×", ha="center", va="bottom", fontsize=8)
+    left.set_xticks(list(x), [labels.get(n, n) for n in names])
+    left.set_ylabel("ms per call")
+    left.set_ylim(0, max(wall + cpu) * 1.25)
+    left.set_title("Root solve, 16 unknowns by MINPACK's hybrj:\njit(grad) against the forward solve\n",
+                   loc="left", fontsize=9.5)
+    left.legend(handles=[Patch(color=LIGHT_GREY, label="wall time"),
+                         Patch(facecolor=LIGHT_GREY, alpha=0.5, hatch="//", edgecolor="white",
+                               label="CPU time, calling thread")], loc="upper left", frameon=False, fontsize=7.5)
+    seconds = [ode["jacrev_seconds_with_residuals"], ode["jacrev_seconds_without_residuals"]]
+    runs = [ode["lsoda_runs_with_residuals"], ode["lsoda_runs_without_residuals"]]
+    right.bar([0, 1], seconds, 0.6, color=[BLUE, ORANGE])
+    for i in range(2):
+        right.text(i, seconds[i], f"{seconds[i]:.3g} s\n{runs[i]} LSODA run{'s' if runs[i] != 1 else ''}",
+                   ha="center", va="bottom", fontsize=8)
+    right.set_yscale("log")
+    right.set_ylim(min(seconds) / 3, max(seconds) * 8)
+    right.set_xticks([0, 1], ["residuals\n(sensitivities)", "no residuals\n(vjp re-solves)"])
+    right.set_ylabel("s per jax.jacrev (log scale)")
+    right.set_title(f"ODE, Lotka–Volterra by LSODA:\njax.jacrev {seconds[1] / seconds[0]:.0f}× faster "
+                    "with\nresiduals", loc="left", fontsize=9.5)
+    note = (f"Left: the mean of 20 calls, the median of {solvers['results']['repeats']} interleaved rounds; "
+            "labels: ratio to the forward solve.\nRight: the median of interleaved repetitions of one jacrev of "
+            f"the trajectory ({ode['points']} time points) in 6 parameters.")
+    finish(fig, path, "Derivatives through external solvers: what residuals save", note, [solvers],
+           ["solvers.json"], top=0.0)
+
+
+FIGURES = {
+    "per-call.png": per_call_figure,
+    "vmap-cores.png": vmap_cores_figure,
+    "vmap-batch.png": vmap_batch_figure,
+    "solvers.png": solvers_figure,
+}
+
+
+def check(results):
+    """Draw every figure into a temporary folder; each must be a PNG of the expected width."""
+    with tempfile.TemporaryDirectory() as out:
+        for name, draw in FIGURES.items():
+            path = os.path.join(out, name)
+            draw(results, path)
+            with open(path, "rb") as handle:
+                head = handle.read(24)
+            assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{name} is not a PNG"
+            width = int.from_bytes(head[16:20], "big")
+            assert width == round(WIDTH * DPI), f"{name} is {width} px wide"
+            print(f"ok: {name} ({os.path.getsize(path) // 1024} KiB, {width} px wide)")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default=RESULTS, help="folder of the results files (bench/results)")
+    parser.add_argument("--out", default=OUT, help="folder of the PNGs (docs/_static/figures)")
+    parser.add_argument("--check", action="store_true", help="draw into a temporary folder and check the files")
+    options = parser.parse_args()
+    if options.check:
+        check(options.results)
+        return
+    os.makedirs(options.out, exist_ok=True)
+    for name, draw in FIGURES.items():
+        path = os.path.join(options.out, name)
+        draw(options.results, path)
+        print(f"written: {os.path.relpath(path)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
