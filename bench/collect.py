@@ -1,14 +1,15 @@
 """Run the benchmarks the documentation's figures are drawn from, and keep their results.
 
-Run:  python bench/collect.py [--jaxbind131-python /work/venv-jaxbind131/bin/python] [--quick]
+Run:  python bench/collect.py [--jaxbind131-python /work/venv-jaxbind131/bin/python] [--quick] [--pairs 3]
                               [--only overhead,numba,thread_safe,scaling,solvers] [--out bench/results]
 then: python bench/figures.py
 
 Each benchmark runs as its own process, one after the other, from a temporary directory
 (this repository's ``jaxbind/`` folder would shadow the installed package). The comparison
 with JAXbind 1.3.1 alternates processes: ``overhead.py``, ``jaxbind131.py``, ``overhead.py``,
-``jaxbind131.py`` (the second in the venv its docstring describes), so both see the same
-machine at the same time. Every results file is ``bench/results/NAME.json``:
+``jaxbind131.py``, ... (``--pairs`` of each, 3 by default; ``jaxbind131.py`` in the venv its
+docstring describes), so both see the same machine at the same time. Every results file is
+``bench/results/NAME.json``:
 
     {"run": {what ran, when (UTC), for how long, the load average before and after,
              the versions of Python, jax, jaxlib, numpy, numba, jaxbind in that process},
@@ -82,16 +83,17 @@ def main():
                         help="the Python of a venv with jaxbind==1.3.1 (see bench/jaxbind131.py)")
     parser.add_argument("--quick", action="store_true", help="the benchmarks' --quick modes (not for the figures)")
     parser.add_argument("--only", default="overhead,numba,thread_safe,scaling,solvers")
+    parser.add_argument("--pairs", type=int, default=3,
+                        help="how many times overhead.py and jaxbind131.py each run, taking turns")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     options = parser.parse_args()
     quick = ["--quick"] if options.quick else []
     me = sys.executable
     groups = {
         # name: [(file name, python, script, extra arguments), ...]
-        "overhead": [("overhead-1", me, "overhead.py", quick),
-                     ("jaxbind131-1", options.jaxbind131_python, "jaxbind131.py", quick),
-                     ("overhead-2", me, "overhead.py", quick),
-                     ("jaxbind131-2", options.jaxbind131_python, "jaxbind131.py", quick)],
+        "overhead": [run for k in range(1, options.pairs + 1)
+                     for run in ((f"overhead-{k}", me, "overhead.py", quick),
+                                 (f"jaxbind131-{k}", options.jaxbind131_python, "jaxbind131.py", quick))],
         "numba": [("numba", me, "numba_kernels.py", quick)],
         "thread_safe": [("thread_safe", me, "thread_safe.py", quick)],
         "scaling": [("scaling", me, "scaling.py", quick)],
@@ -106,6 +108,12 @@ def main():
         for group in wanted:
             done = {name: run_one(name, python, script, extra, workdir)
                     for name, python, script, extra in groups[group]}
+            if group == "overhead":  # no stale runs of an earlier, longer series
+                for stem in ("overhead", "jaxbind131"):
+                    k = options.pairs + 1
+                    while os.path.exists(stale := os.path.join(options.out, f"{stem}-{k}.json")):
+                        os.remove(stale)
+                        k += 1
             for name, wrapped in done.items():
                 with open(os.path.join(options.out, f"{name}.json"), "w") as handle:
                     json.dump(wrapped, handle, indent=1)
