@@ -2,6 +2,7 @@
 
 Run:  python bench/figures.py [--results bench/results] [--out docs/_static/figures]
       python bench/figures.py --check      # CI: draw every figure into a temporary folder and check it
+      python bench/figures.py --summary    # print the figures' numbers (for the page's captions)
 
 The results are ``bench/results/*.json``, written by ``bench/collect.py`` (which runs
 ``overhead.py`` and ``jaxbind131.py`` twice each, taking turns, then ``numba_kernels.py``,
@@ -11,9 +12,9 @@ measures anything: the figures are redrawn from the files as they are, and need 
 only (no jax, no jaxbind).
 
 Figures (PNG, 7 inches wide, for a page about 700 px wide):
-  per-call.png      per-call cost of jax.pure_callback, buffer_callback, JAXbind 1.3.1 and jaxbind
-  vmap-cores.png    a vmapped walk against a fori_loop of single calls / against one thread
-  vmap-batch.png    vmap over 64 x 1000 numbers: the ways each package batches a Python callback
+  per_call.png      per-call cost of jax.pure_callback, buffer_callback, JAXbind 1.3.1 and jaxbind
+  vmap_cores.png    a vmapped walk against a fori_loop of single calls / against one thread
+  vmap_batch.png    vmap over 64 x 1000 numbers: the ways each package batches a Python callback
   solvers.png       derivatives through external solvers, with and without residuals
 """
 
@@ -35,7 +36,8 @@ from matplotlib.patches import Patch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
-OUT = os.path.join(HERE, os.pardir, "docs", "_static", "figures")
+ROOT = os.path.dirname(HERE)
+OUT = os.path.join(ROOT, "docs", "_static", "figures")
 WIDTH = 7.0  # inches; saved at DPI, shown about 700 px wide
 DPI = 200
 
@@ -331,11 +333,39 @@ def solvers_figure(results, path):
 
 
 FIGURES = {
-    "per-call.png": per_call_figure,
-    "vmap-cores.png": vmap_cores_figure,
-    "vmap-batch.png": vmap_batch_figure,
+    "per_call.png": per_call_figure,
+    "vmap_cores.png": vmap_cores_figure,
+    "vmap_batch.png": vmap_batch_figure,
     "solvers.png": solvers_figure,
 }
+
+
+def summary(results):
+    """The figures' numbers as text (medians over the runs), for the captions of docs/performance.md."""
+    over, old = load_runs(results, "overhead"), load_runs(results, "jaxbind131")
+    for group in (over, old, [load(results, n) for n in ("numba", "thread_safe", "scaling", "solvers")]):
+        for r in group:
+            if r:
+                run = r["run"]
+                print(f"{run['script']} {run['started_utc']} load {run['load_average_before'][0]:.2f}"
+                      f"→{run['load_average_after'][0]:.2f}, jax {run['versions']['jax']}, "
+                      f"jaxbind {run['versions'].get('jaxbind')}")
+    print("\nper call, µs (median of the runs; lowest–highest):")
+    for label, stem, key, _, _ in PER_CALL_ROWS:
+        runs = over if stem == "overhead" else old
+        cells = []
+        for size in ("1", "1000", "1000000"):
+            values = [r["results"]["per_call_us"][size][key] for r in runs
+                      if key in r["results"]["per_call_us"].get(size, {})]
+            if values:
+                cells.append(f"{statistics.median(values):.3g} ({min(values):.3g}–{max(values):.3g})")
+        print(f"  {label}: " + " | ".join(cells))
+    print("\nvmap 64 x 1000, µs:")
+    for label, stem, key, _ in BATCH_ROWS:
+        values = [r["results"]["other_us"][key] for r in (over if stem == "overhead" else old)
+                  if key in r["results"].get("other_us", {})]
+        if values:
+            print(f"  {label}: {statistics.median(values):.3g} ({min(values):.3g}–{max(values):.3g})")
 
 
 def check(results):
@@ -357,7 +387,11 @@ def main():
     parser.add_argument("--results", default=RESULTS, help="folder of the results files (bench/results)")
     parser.add_argument("--out", default=OUT, help="folder of the PNGs (docs/_static/figures)")
     parser.add_argument("--check", action="store_true", help="draw into a temporary folder and check the files")
+    parser.add_argument("--summary", action="store_true", help="print the figures' numbers, draw nothing")
     options = parser.parse_args()
+    if options.summary:
+        summary(options.results)
+        return
     if options.check:
         check(options.results)
         return
@@ -365,7 +399,7 @@ def main():
     for name, draw in FIGURES.items():
         path = os.path.join(options.out, name)
         draw(options.results, path)
-        print(f"written: {os.path.relpath(path)}")
+        print(f"written: {os.path.relpath(os.path.abspath(path), ROOT)}")
 
 
 if __name__ == "__main__":
