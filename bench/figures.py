@@ -13,6 +13,7 @@ only (no jax, no jaxbind).
 
 Figures (PNG, 7 inches wide, for a page about 700 px wide):
   per_call.png      per-call cost of jax.pure_callback, buffer_callback, JAXbind 1.3.1 and jaxbind
+  per_call_worker.png   the same, in a program XLA runs on its worker threads
   vmap_cores.png    a vmapped walk against a fori_loop of single calls / against one thread
   vmap_batch.png    vmap over 64 x 1000 numbers: the ways each package batches a Python callback
   solvers.png       derivatives through external solvers, with and without residuals
@@ -26,6 +27,7 @@ import os
 import statistics
 import sys
 import tempfile
+import textwrap
 
 import matplotlib
 
@@ -92,6 +94,7 @@ def finish(fig, path, title, note, runs, sources, top=0.45):
     data = "Data: " + ", ".join(f"bench/results/{s}" for s in sources) + "; drawn by bench/figures.py"
     fig.text(0.01, 0.06 / height, machine + "\n" + data, fontsize=7, color="#555555", va="bottom",
              linespacing=1.3)
+    note = "\n".join(textwrap.wrap(note, 128))  # 7.5 pt over 7 inches
     lines = note.count("\n") + 1
     fig.text(0.01, 0.42 / height, note, fontsize=7.5, color="#222222", va="bottom", linespacing=1.3)
     fig.suptitle(title, x=0.01, y=1 - 0.08 / height, ha="left", va="top", fontweight="bold")
@@ -105,6 +108,11 @@ def top_legend(fig, handles, labels, ncol):
     height = fig.get_figheight()
     fig.legend(handles, labels, ncol=ncol, loc="upper left", bbox_to_anchor=(0.0, 1 - 0.3 / height),
                frameon=False, columnspacing=1.2, handlelength=1.6)
+
+
+def number(value):
+    """3 significant digits, without an exponent."""
+    return f"{value:,.0f}" if value >= 999.5 else f"{value:.3g}"
 
 
 def spread(values):
@@ -129,7 +137,9 @@ PER_CALL_ROWS = [
 ]
 
 
-def per_call_figure(results, path):
+def per_call_figure(results, path, mode="caller"):
+    """``mode``: "caller", the tiny program XLA runs on the calling thread, or "worker", the same loop
+    beside an independent sum(sin(x)), which XLA runs on one of its own threads, as it does real programs."""
     runs = {"overhead": load_runs(results, "overhead"), "jaxbind131": load_runs(results, "jaxbind131")}
     if not runs["overhead"]:
         raise SystemExit(f"no overhead-1.json in {results}: run bench/collect.py")
@@ -139,6 +149,7 @@ def per_call_figure(results, path):
     width = 0.8 / len(rows)
     for j, (label, stem, key, colour, hatch) in enumerate(rows):
         for i, size in enumerate(sizes):
+            key = key.replace("[caller]", f"[{mode}]")
             values = [r["results"]["per_call_us"][size][key] for r in runs[stem]
                       if key in r["results"]["per_call_us"].get(size, {})]
             if not values:
@@ -148,7 +159,7 @@ def per_call_figure(results, path):
             ax.bar(x, m, width * 0.92, color=colour, hatch=hatch, edgecolor="white" if hatch else colour,
                    linewidth=0, label=label if i == 0 else None)
             ax.errorbar(x, m, yerr=[[low], [high]], fmt="none", ecolor="black", elinewidth=0.8, capsize=1.5)
-            ax.text(x, m + high, f" {m:.3g}", rotation=90, ha="center", va="bottom", fontsize=7)
+            ax.text(x, m + high, f" {number(m)}", rotation=90, ha="center", va="bottom", fontsize=7)
     ax.set_yscale("log")
     ax.set_ylim(0.05, ax.get_ylim()[1] * 2.5)
     ax.set_xticks(range(len(sizes)), [f"{int(s):,} float64" + (" number" if s == "1" else " numbers")
@@ -157,7 +168,8 @@ def per_call_figure(results, path):
     ax.set_ylabel("time per call, µs (log scale)")
     ax.grid(axis="y", which="major", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
-    title = "Per-call cost of a callback op inside a jitted loop"
+    title = ("Per-call cost of a callback op inside a jitted loop" if mode == "caller" else
+             "Per-call cost, in a program XLA runs on its worker threads")
     if not runs["jaxbind131"]:
         title += " (JAXbind 1.3.1: not measured)"
     handles, labels = ax.get_legend_handles_labels()
@@ -169,11 +181,12 @@ def per_call_figure(results, path):
     cells = [cell for c in columns.values() for cell in c + [(blank, "")] * (rows - len(c))]
     top_legend(fig, [h for h, _ in cells], [l for _, l in cells], ncol=3)
     n = len(runs["overhead"])
-    note = (f"(T(K) − T(0)) / K of K calls in one jitted lax.fori_loop with a traced trip count (XLA runs this "
-            f"tiny program\non the calling thread); bars: median of {n} runs taking turns, whiskers: lowest and "
-            "highest run.")
+    where = ("; XLA runs this tiny program on the calling thread." if mode == "caller" else
+             ", beside an independent sum(sin(x)) that makes XLA run the program on its own threads.")
+    note = (f"(T(K) − T(0)) / K of K calls in one jitted lax.fori_loop with a traced trip count{where}"
+            + f" Bars: median of {n} runs taking turns, whiskers: lowest and highest run.")
     finish(fig, path, title, note, runs["overhead"] + runs["jaxbind131"],
-           ["overhead-*.json", "jaxbind131-*.json"], top=0.15 + 0.2 * rows)
+           ["overhead-*.json", "jaxbind131-*.json"], top=0.05 + 0.2 * rows)
 
 
 # ---------------------------------------------------------------------------
@@ -192,7 +205,7 @@ def vmap_cores_figure(results, path):
                          GREEN if kind == "numba kernel" else DARK_BLUE))
     if scaling:
         for r in scaling["results"]["every_core"]:
-            label = ("C kernel, ~150 µs per element" if "jb_busy" in r["case"]
+            label = (f"C kernel, ~{r['loop_us'] / r['elements']:.0f} µs per element" if "jb_busy" in r["case"]
                      else "C kernel, < 1 µs per element (4 numbers)")
             detail = (f"{r['vmap_us'] / 1e3:.1f} ms vs {r['loop_us'] / 1e3:.1f} ms" if r["loop_us"] > 1000
                       else f"{r['vmap_us']:.1f} µs vs {r['loop_us']:.1f} µs")
@@ -201,7 +214,7 @@ def vmap_cores_figure(results, path):
         for label, r in safe["results"].items():
             short = ("Python callback, NumPy on 10⁵ numbers\n(releases the GIL; thread_safe.py)"
                      if "releases" in label else "Python callback, Python loop\n(holds the GIL; thread_safe.py)")
-            rows.append((short, r["ratio"], f"{r['thread_safe_ms']:.2f} ms vs {r['one_thread_ms']:.2f} ms", BLUE))
+            rows.append((short, r["ratio"], f"{number(r['thread_safe_ms'])} ms vs {number(r['one_thread_ms'])} ms", BLUE))
     if not rows:
         raise SystemExit(f"no numba.json, scaling.json or thread_safe.json in {results}")
     fig, ax = plt.subplots(figsize=(WIDTH, 0.6 * len(rows) + 2.6))
@@ -216,7 +229,7 @@ def vmap_cores_figure(results, path):
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.axvline(0.5, color="black", linewidth=0.8, linestyle="--")
     ax.text(1.0, len(rows) - 0.45, " 1: no gain", fontsize=7.5, va="bottom")
-    ax.text(0.5, len(rows) - 0.45, "0.5: two cores' ideal ", fontsize=7.5, va="bottom", ha="right")
+    ax.text(0.5, len(rows) - 0.45, " 0.5: two cores' ideal", fontsize=7.5, va="bottom")
     ax.set_xlabel("time of the vmapped call / time of the reference (lower is faster)")
     ax.set_ylim(-0.6, len(rows) - 0.1)
     top_legend(fig, [Patch(color=DARK_BLUE), Patch(color=GREEN), Patch(color=BLUE)],
@@ -224,7 +237,7 @@ def vmap_cores_figure(results, path):
                 "numba kernel: vmap / 64 single calls in a fori_loop",
                 "Python callback: thread_safe=True / the one-thread walk"], ncol=1)
     note = ("Each time: one whole jitted call, the median of interleaved repetitions after a warm-up "
-            "(bench/_timing.py);\nin brackets: the vmapped call against its reference.")
+            "(bench/_timing.py); in brackets: the vmapped call against its reference.")
     runs = [r for r in (numba, scaling, safe) if r]
     finish(fig, path, "vmap over 64 elements: one call whose walk spreads over the cores", note, runs,
            [n for n, r in (("numba.json", numba), ("scaling.json", scaling), ("thread_safe.json", safe)) if r],
@@ -267,7 +280,7 @@ def vmap_batch_figure(results, path):
     for yi, (label, m, low, high, colour) in zip(y, rows):
         ax.barh(yi, m, height=0.62, color=colour)
         ax.errorbar(m, yi, xerr=[[low], [high]], fmt="none", ecolor="black", elinewidth=0.8, capsize=1.5)
-        ax.text(m + high, yi, f"  {m:,.0f} µs" if m >= 1000 else f"  {m:.3g} µs", va="center", fontsize=8)
+        ax.text(m + high, yi, f"  {number(m)} µs", va="center", fontsize=8)
     ax.set_xscale("log")
     ax.set_xlim(ax.get_xlim()[0], ax.get_xlim()[1] * 4)
     ax.set_yticks(y, [r[0] for r in rows], fontsize=8.5)
@@ -275,7 +288,7 @@ def vmap_batch_figure(results, path):
     ax.grid(axis="x", which="major", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
     note = ("Each: the median of timed batches of Python-level calls of the jitted vmapped function; "
-            f"bars: median of\n{len(runs['overhead'])} runs taking turns, whiskers: lowest and highest run.")
+            f"bars: median of {len(runs['overhead'])} runs taking turns, whiskers: lowest and highest run.")
     finish(fig, path, "vmap of y = 2 x (a NumPy callback) over a 64 × 1000 batch", note,
            runs["overhead"] + runs["jaxbind131"], ["overhead-*.json", "jaxbind131-*.json"], top=0.0)
 
@@ -326,7 +339,7 @@ def solvers_figure(results, path):
     right.set_title(f"ODE, Lotka–Volterra by LSODA:\njax.jacrev {seconds[1] / seconds[0]:.0f}× faster "
                     "with\nresiduals", loc="left", fontsize=9.5)
     note = (f"Left: the mean of 20 calls, the median of {solvers['results']['repeats']} interleaved rounds; "
-            "labels: ratio to the forward solve.\nRight: the median of interleaved repetitions of one jacrev of "
+            "labels: ratio to the forward solve. Right: the median of interleaved repetitions of one jacrev of "
             f"the trajectory ({ode['points']} time points) in 6 parameters.")
     finish(fig, path, "Derivatives through external solvers: what residuals save", note, [solvers],
            ["solvers.json"], top=0.0)
@@ -334,6 +347,7 @@ def solvers_figure(results, path):
 
 FIGURES = {
     "per_call.png": per_call_figure,
+    "per_call_worker.png": lambda results, path: per_call_figure(results, path, mode="worker"),
     "vmap_cores.png": vmap_cores_figure,
     "vmap_batch.png": vmap_batch_figure,
     "solvers.png": solvers_figure,
@@ -350,16 +364,17 @@ def summary(results):
                 print(f"{run['script']} {run['started_utc']} load {run['load_average_before'][0]:.2f}"
                       f"→{run['load_average_after'][0]:.2f}, jax {run['versions']['jax']}, "
                       f"jaxbind {run['versions'].get('jaxbind')}")
-    print("\nper call, µs (median of the runs; lowest–highest):")
-    for label, stem, key, _, _ in PER_CALL_ROWS:
-        runs = over if stem == "overhead" else old
-        cells = []
-        for size in ("1", "1000", "1000000"):
-            values = [r["results"]["per_call_us"][size][key] for r in runs
-                      if key in r["results"]["per_call_us"].get(size, {})]
-            if values:
-                cells.append(f"{statistics.median(values):.3g} ({min(values):.3g}–{max(values):.3g})")
-        print(f"  {label}: " + " | ".join(cells))
+    for mode in ("caller", "worker"):
+        print(f"\nper call [{mode}], µs (median of the runs; lowest–highest):")
+        for label, stem, key, _, _ in PER_CALL_ROWS:
+            key = key.replace("[caller]", f"[{mode}]")
+            cells = []
+            for size in ("1", "1000", "1000000"):
+                values = [r["results"]["per_call_us"][size][key] for r in (over if stem == "overhead" else old)
+                          if key in r["results"]["per_call_us"].get(size, {})]
+                if values:
+                    cells.append(f"{statistics.median(values):.3g} ({min(values):.3g}–{max(values):.3g})")
+            print(f"  {label}: " + " | ".join(cells))
     print("\nvmap 64 x 1000, µs:")
     for label, stem, key, _ in BATCH_ROWS:
         values = [r["results"]["other_us"][key] for r in (over if stem == "overhead" else old)
