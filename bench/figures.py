@@ -287,8 +287,9 @@ def vmap_batch_figure(results, path):
     ax.set_xlabel("time per jitted vmapped call, µs (log scale)")
     ax.grid(axis="x", which="major", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
-    note = ("Each: the median of timed batches of Python-level calls of the jitted vmapped function; "
-            f"bars: median of {len(runs['overhead'])} runs taking turns, whiskers: lowest and highest run.")
+    note = ("Each: the median of timed batches of Python-level calls of the jitted vmapped function, except "
+            "jaxbind's 64 single calls: 64 × its per-call cost on 1,000 numbers (per_call.png). "
+            f"Bars: median of {len(runs['overhead'])} runs taking turns, whiskers: lowest and highest run.")
     finish(fig, path, "vmap of y = 2 x (a NumPy callback) over a 64 × 1000 batch", note,
            runs["overhead"] + runs["jaxbind131"], ["overhead-*.json", "jaxbind131-*.json"], top=0.0)
 
