@@ -87,10 +87,14 @@ def finish(fig, path, title, note, runs, sources, top=0.45):
     v = first["versions"]
     dates = sorted({r["run"]["started_utc"][:10] for r in runs})
     loads = [x for r in runs for x in (r["run"]["load_average_before"][0], r["run"]["load_average_after"][0])]
-    machine = (f"{first['cpus']} cores, Python {v['python']}, jax {v['jax']}, numpy {v['numpy']}"
+    packages = sorted({(r["run"]["versions"].get("jaxbind", "?"), r["run"]["versions"]["jax"]) for r in runs})
+    jaxes = sorted({jax for _, jax in packages})
+    what = " and ".join(("JAXbind " if b.startswith("1.") else "jaxbind ") + b for b, _ in packages)
+    machine = (f"{first['cpus']} cores, Python {v['python']}, {what} on jax {' / '.join(jaxes)}, numpy {v['numpy']}"
                + (f", numba {v['numba']}" if any("numba" in s for s in sources) else "")
                + (f", scipy {v['scipy']}" if any("solvers" in s for s in sources) else "")
-               + f"; measured {', '.join(dates)}, load average {min(loads):.1f}–{max(loads):.1f}")
+               + f"; measured {', '.join(dates)}, load average "
+               + (f"{min(loads):.1f}–{max(loads):.1f}" if f"{min(loads):.1f}" != f"{max(loads):.1f}" else f"{min(loads):.1f}"))
     data = "Data: " + ", ".join(f"bench/results/{s}" for s in sources) + "; drawn by bench/figures.py"
     fig.text(0.01, 0.06 / height, machine + "\n" + data, fontsize=7, color="#555555", va="bottom",
              linespacing=1.3)
@@ -337,8 +341,8 @@ def solvers_figure(results, path):
     right.set_ylim(min(seconds) / 3, max(seconds) * 8)
     right.set_xticks([0, 1], ["residuals\n(sensitivities)", "no residuals\n(vjp re-solves)"])
     right.set_ylabel("s per jax.jacrev (log scale)")
-    right.set_title(f"ODE, Lotka–Volterra by LSODA:\njax.jacrev {seconds[1] / seconds[0]:.0f}× faster "
-                    "with\nresiduals", loc="left", fontsize=9.5)
+    right.set_title(f"ODE, Lotka–Volterra by LSODA:\njax.jacrev {seconds[1] / seconds[0]:.0f}× faster\n"
+                    "with residuals", loc="left", fontsize=9.5)
     note = (f"Left: the mean of 20 calls, the median of {solvers['results']['repeats']} interleaved rounds; "
             "labels: ratio to the forward solve. Right: the median of interleaved repetitions of one jacrev of "
             f"the trajectory ({ode['points']} time points) in 6 parameters.")
