@@ -233,7 +233,7 @@ def vmap_cores_figure(results, path):
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.axvline(0.5, color="black", linewidth=0.8, linestyle="--")
     ax.text(1.0, len(rows) - 0.45, " 1: no gain", fontsize=7.5, va="bottom")
-    ax.text(0.5, len(rows) - 0.45, " 0.5: two cores' ideal", fontsize=7.5, va="bottom")
+    ax.text(0.5, len(rows) - 0.45, "2 cores' ideal ", fontsize=7.5, va="bottom", ha="right")
     ax.set_xlabel("time of the vmapped call / time of the reference (lower is faster)")
     ax.set_ylim(-0.6, len(rows) - 0.1)
     top_legend(fig, [Patch(color=DARK_BLUE), Patch(color=GREEN), Patch(color=BLUE)],
