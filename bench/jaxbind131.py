@@ -8,7 +8,10 @@ JAXbind 1.3.1 has the import name ``jaxbind`` too, so it runs in a venv of its o
     cd /tmp && python /path/to/bench/jaxbind131.py [--quick] [--json results-jaxbind131.json]
 
 (run it from outside this repository's root, whose ``jaxbind/`` folder would shadow the
-installed package; the script refuses to measure anything but version 1.3.1).
+installed package; the script refuses to measure anything but version 1.3.1). For the figures,
+``bench/collect.py --jaxbind131-python /work/venv-jaxbind131/bin/python`` runs it, taking turns with
+``bench/overhead.py``. JAXbind 1.3.1 registers its handler through ``jax.ffi`` and needs no pin:
+on jax 0.10.2 its ops jit, differentiate and vmap (the checks below run before the timing).
 
 Method, the same as ``bench/overhead.py``'s per-call cases, with the same ops (y = 2 x as
 ``np.multiply(x, 2, out=out[0])``, and an empty body), bound by JAXbind's
