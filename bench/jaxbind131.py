@@ -11,7 +11,7 @@ JAXbind 1.3.1 has the import name ``jaxbind`` too, so it runs in a venv of its o
 installed package; the script refuses to measure anything but version 1.3.1). For the figures,
 ``bench/collect.py --jaxbind131-python /work/venv-jaxbind131/bin/python`` runs it, taking turns with
 ``bench/overhead.py``. JAXbind 1.3.1 registers its handler through ``jax.ffi`` and needs no pin:
-on jax 0.10.2 its ops jit, differentiate and vmap (the checks below run before the timing).
+on jax 0.10.2 its ops jit, differentiate and vmap (the script checks their results).
 
 Method, the same as ``bench/overhead.py``'s per-call cases, with the same ops (y = 2 x as
 ``np.multiply(x, 2, out=out[0])``, and an empty body), bound by JAXbind's
