@@ -4,6 +4,7 @@ import statistics
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -24,3 +25,74 @@ def median_seconds(fns, repeats):
             jax.block_until_ready(fns[k]())
             times[k].append(time.perf_counter() - start)
     return [statistics.median(t) for t in times]
+
+
+# ---- Per call inside one compiled loop (the fori_loop difference method) ----
+
+
+def timed(fn, *args):
+    """Seconds of one call of ``fn(*args)``, until its results are ready."""
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return time.perf_counter() - start
+
+
+def looped(body, worker=False):
+    """jit(x, k): ``body`` applied k times in a ``lax.fori_loop`` with a traced trip count (one
+    executable for every k); with ``worker``, an independent ``sum(sin)`` beside the loop, so that XLA
+    runs the program on its worker threads as it does real programs."""
+    side = jnp.linspace(0.0, 1.0, 4096)
+
+    def run(x, k):
+        y = jax.lax.fori_loop(0, k, lambda i, v: body(v), x)
+        if worker:
+            return y, jnp.sum(jnp.sin(side * x.ravel()[0]))
+        return y
+
+    return jax.jit(run)
+
+
+def trip_count(fn, x, target):
+    """A trip count K for ``looped``'s ``fn`` whose run takes about ``target`` seconds."""
+    k = 16
+    while True:
+        spent = timed(fn, x, k) - timed(fn, x, 0)
+        if spent > target / 4 or k >= 1 << 22:
+            break
+        k *= 4
+    return max(16, int(k * target / max(spent, 1e-9)))
+
+
+def fori_per_call(body, x, worker, repeats, target):
+    """Seconds per application of ``body`` to ``x``: (T(K) - T(0)) / K, the median of ``repeats``."""
+    fn = looped(body, worker)
+    jax.block_until_ready(fn(x, 2))  # compile and warm up
+    k = trip_count(fn, x, target)
+    samples = []
+    for _ in range(repeats):
+        t0 = timed(fn, x, 0)
+        samples.append((timed(fn, x, k) - t0) / k)
+    return statistics.median(samples)
+
+
+# ---- Per Python-level call ---------------------------------------------------
+
+
+def timed_n(fn, args, n):
+    """Seconds of ``n`` calls of ``fn(*args)`` from Python, the last one's results ready."""
+    start = time.perf_counter()
+    for _ in range(n):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return time.perf_counter() - start
+
+
+def plain_per_call(fn, *args, repeats, target):
+    """Seconds per Python-level call of ``fn(*args)``: the median of ``repeats`` timed batches of
+    about ``target`` seconds."""
+    jax.block_until_ready(fn(*args))
+    n = 1
+    while timed_n(fn, args, n) < target / 4:
+        n *= 4
+    n = max(1, int(n * target / max(timed_n(fn, args, n), 1e-9)))
+    return statistics.median(timed_n(fn, args, n) / n for _ in range(repeats))

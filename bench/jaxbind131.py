@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 import warnings
@@ -46,6 +45,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxbind  # noqa: E402
+from _timing import fori_per_call, plain_per_call  # noqa: E402  (bench/ is the script folder)
 
 warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
 
@@ -88,58 +88,14 @@ CASES = {
 }
 
 
-def _looped(body, worker: bool):
-    side = jnp.linspace(0.0, 1.0, 4096)
-
-    def run(x, k):
-        y = jax.lax.fori_loop(0, k, lambda i, v: body(v), x)
-        if worker:
-            return y, jnp.sum(jnp.sin(side * x.ravel()[0]))
-        return y
-
-    return jax.jit(run)
-
-
-def _timed(fn, *args):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return time.perf_counter() - start
-
-
 def per_call(body, x, worker: bool):
     """Seconds per application of ``body`` to ``x``: (T(K) - T(0)) / K, median of REPEATS."""
-    fn = _looped(body, worker)
-    jax.block_until_ready(fn(x, 2))
-    k = 16
-    while True:
-        spent = _timed(fn, x, k) - _timed(fn, x, 0)
-        if spent > TARGET_SECONDS / 4 or k >= 1 << 22:
-            break
-        k *= 4
-    k = max(16, int(k * TARGET_SECONDS / max(spent, 1e-9)))
-    samples = []
-    for _ in range(REPEATS):
-        t0 = _timed(fn, x, 0)
-        samples.append((_timed(fn, x, k) - t0) / k)
-    return statistics.median(samples)
+    return fori_per_call(body, x, worker, REPEATS, TARGET_SECONDS)
 
 
 def per_call_plain(fn, *args):
     """Seconds per Python-level call of ``fn(*args)`` (``bench/overhead.py``'s "other" rows)."""
-    jax.block_until_ready(fn(*args))
-    n = 1
-    while _timed_n(fn, args, n) < TARGET_SECONDS / 4:
-        n *= 4
-    n = max(1, int(n * TARGET_SECONDS / max(_timed_n(fn, args, n), 1e-9)))
-    return statistics.median(_timed_n(fn, args, n) / n for _ in range(REPEATS))
-
-
-def _timed_n(fn, args, n):
-    start = time.perf_counter()
-    for _ in range(n):
-        out = fn(*args)
-    jax.block_until_ready(out)
-    return time.perf_counter() - start
+    return plain_per_call(fn, *args, repeats=REPEATS, target=TARGET_SECONDS)
 
 
 def other(rng):

@@ -35,7 +35,7 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxbind  # noqa: E402
-from _timing import median_seconds  # noqa: E402  (bench/ is the script folder)
+from _timing import looped, median_seconds, timed, trip_count  # noqa: E402  (bench/ is the script folder)
 
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
 import _kernels  # noqa: E402  (tests/_kernels.py: the test kernels, compiled once)
@@ -102,37 +102,17 @@ def every_core(repeats):
     return results
 
 
-def _looped(body):
-    return jax.jit(lambda x, k: jax.lax.fori_loop(0, k, lambda i, v: body(v), x))
-
-
-def _timed(fn, *args):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return time.perf_counter() - start
-
-
-def _trip_count(fn, x):
-    k = 16
-    while True:
-        spent = _timed(fn, x, k) - _timed(fn, x, 0)
-        if spent > TARGET_SECONDS / 4 or k >= 1 << 22:
-            break
-        k *= 4
-    return max(16, int(k * TARGET_SECONDS / max(spent, 1e-9)))
-
-
 def per_call(bodies, x, repeats):
     """Seconds per call of each body, by the fori_loop difference method, the bodies taking turns."""
-    fns = [_looped(body) for body in bodies]
+    fns = [looped(body) for body in bodies]
     for fn in fns:
         jax.block_until_ready(fn(x, 2))
-    trips = [_trip_count(fn, x) for fn in fns]
+    trips = [trip_count(fn, x, TARGET_SECONDS) for fn in fns]
     samples = [[] for _ in fns]
     for _ in range(repeats):
         for fn, k, out in zip(fns, trips, samples):
-            t0 = _timed(fn, x, 0)
-            out.append((_timed(fn, x, k) - t0) / k)
+            t0 = timed(fn, x, 0)
+            out.append((timed(fn, x, k) - t0) / k)
     return [statistics.median(s) for s in samples]
 
 

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import threading
 import time
@@ -32,6 +31,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxbind  # noqa: E402
+from _timing import fori_per_call, looped, plain_per_call  # noqa: E402  (bench/ is the script folder)
 from jaxbind import _trampoline  # noqa: E402
 
 try:
@@ -113,60 +113,14 @@ CASES = {
 # ---------------------------------------------------------------------------
 
 
-def _looped(body, worker: bool):
-    """jit(x, k): body applied k times in a fori_loop (and, on a worker, sum(sin) beside it)."""
-    side = jnp.linspace(0.0, 1.0, 4096)
-
-    def run(x, k):
-        y = jax.lax.fori_loop(0, k, lambda i, v: body(v), x)
-        if worker:
-            return y, jnp.sum(jnp.sin(side * x.ravel()[0]))
-        return y
-
-    return jax.jit(run)
-
-
-def _timed(fn, *args):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return time.perf_counter() - t0
-
-
 def per_call(body, x, worker: bool):
     """Seconds per application of ``body`` to ``x``, by the fori_loop difference method."""
-    fn = _looped(body, worker)
-    jax.block_until_ready(fn(x, 2))  # compile and warm up
-    k = 16
-    while True:  # grow K until a run takes about TARGET_SECONDS
-        spent = _timed(fn, x, k) - _timed(fn, x, 0)
-        if spent > TARGET_SECONDS / 4 or k >= 1 << 22:
-            break
-        k *= 4
-    k = max(16, int(k * TARGET_SECONDS / max(spent, 1e-9)))
-    samples = []
-    for _ in range(REPEATS):
-        t0 = _timed(fn, x, 0)
-        tk = _timed(fn, x, k)
-        samples.append((tk - t0) / k)
-    return statistics.median(samples)
+    return fori_per_call(body, x, worker, REPEATS, TARGET_SECONDS)
 
 
-def per_call_plain(fn, *args, repeats=REPEATS, target=TARGET_SECONDS):
+def per_call_plain(fn, *args, repeats=None):
     """Seconds per Python-level call of ``fn(*args)``, median of several timed batches."""
-    jax.block_until_ready(fn(*args))
-    n = 1
-    while _timed_n(fn, args, n) < target / 4:
-        n *= 4
-    n = max(1, int(n * target / max(_timed_n(fn, args, n), 1e-9)))
-    return statistics.median(_timed_n(fn, args, n) / n for _ in range(repeats))
-
-
-def _timed_n(fn, args, n):
-    t0 = time.perf_counter()
-    for _ in range(n):
-        out = fn(*args)
-    jax.block_until_ready(out)
-    return time.perf_counter() - t0
+    return plain_per_call(fn, *args, repeats=repeats or REPEATS, target=TARGET_SECONDS)
 
 
 def body_alone(size):
@@ -200,11 +154,11 @@ def check_results():
         out[0][...] = args[0]
 
     spy_op = jaxbind.get_linear_call(spy, spy, same_shape, same_shape)
-    fn = _looped(lambda v: spy_op(v)[0], worker=True)
+    fn = looped(lambda v: spy_op(v)[0], worker=True)
     jax.block_until_ready(fn(x[:1], 3))
     worker_ok = threading.main_thread().ident not in threads
     threads.clear()
-    jax.block_until_ready(_looped(lambda v: spy_op(v)[0], worker=False)(x[:1], 3))
+    jax.block_until_ready(looped(lambda v: spy_op(v)[0], worker=False)(x[:1], 3))
     caller_ok = threads == {threading.main_thread().ident}
     return {"worker_program_runs_off_python_thread": worker_ok,
             "tiny_program_runs_on_python_thread": caller_ok}
