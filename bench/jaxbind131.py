@@ -45,30 +45,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxbind  # noqa: E402
+from _bodies import batched_abstract, empty_body, numpy_double, same_shape  # noqa: E402
 from _timing import fori_per_call, plain_per_call  # noqa: E402  (bench/ is the script folder)
 
 warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
 
 TARGET_SECONDS = 0.1
 REPEATS = 5
-
-
-def same_shape(x, **kwargs):
-    return ((x.shape, x.dtype),)
-
-
-def numpy_double(out, args, kwargs_dump):
-    np.multiply(args[0], 2, out=out[0])
-
-
-def empty_body(out, args, kwargs_dump):
-    pass
-
-
-def batched_abstract(x, *, batch_axes):
-    if batch_axes is None:
-        return ((x.shape, x.dtype),)
-    return ((x.shape, x.dtype, batch_axes[0][-1]),)
 
 
 def pure_callback_double(x):

@@ -31,6 +31,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxbind  # noqa: E402
+from _bodies import batched_abstract, empty_body, numpy_double, same_shape  # noqa: E402
 from _timing import fori_per_call, looped, plain_per_call  # noqa: E402  (bench/ is the script folder)
 from jaxbind import _trampoline  # noqa: E402
 
@@ -54,34 +55,11 @@ REPEATS = 5
 # The ops under test: y = 2 x
 # ---------------------------------------------------------------------------
 
-
-def same_shape(x, **kwargs):
-    return ((x.shape, x.dtype),)
-
-
-def numpy_double(out, args, kwargs_dump):
-    np.multiply(args[0], 2, out=out[0])
-
-
-def empty_body(out, args, kwargs_dump):
-    pass
-
-
-def batched_double(out, args, kwargs_dump):
-    np.multiply(args[0], 2, out=out[0])
-
-
-def batched_abstract(x, *, batch_axes):
-    if batch_axes is None:
-        return ((x.shape, x.dtype),)
-    return ((x.shape, x.dtype, batch_axes[0][-1]),)
-
-
 python_op = jaxbind.get_linear_call(numpy_double, numpy_double, same_shape, same_shape)
 empty_op = jaxbind.get_linear_call(empty_body, empty_body, same_shape, same_shape)
 native_op = jaxbind.get_linear_call(KERNELS.jb_double, KERNELS.jb_double, same_shape, same_shape)
 native_empty_op = jaxbind.get_linear_call(KERNELS.jb_empty, KERNELS.jb_empty, same_shape, same_shape)
-can_batch_op = jaxbind.get_linear_call(batched_double, batched_double, batched_abstract,
+can_batch_op = jaxbind.get_linear_call(numpy_double, numpy_double, batched_abstract,
                                        batched_abstract, func_can_batch=True)
 
 
