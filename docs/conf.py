@@ -50,3 +50,4 @@ doctest_test_doctest_blocks = ""  # only the explicit testcode/doctest directive
 html_theme = "furo"
 html_title = "jaxbind"
 html_static_path = ["_static"]
+html_css_files = ["wide.css"]
