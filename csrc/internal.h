@@ -179,6 +179,7 @@ int64_t Shutdown(double timeout);
 // ---- Errors (errors.cc) -----------------------------------------------------
 
 std::string PyUnicodeToString(PyObject* s);
+std::string ValidUtf8(const std::string& text);
 std::string MessageFromPython(const Site& site);
 ffi::Error ErrorText(const Site* site, const std::string& what);
 void SetErrorFormatter(nb::handle fn);

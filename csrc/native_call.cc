@@ -93,6 +93,7 @@ class NativeRunner {
     return WalkRange(plan_, begin, end, [&](const int64_t* in_off, const int64_t* out_off) {
       for (size_t i = 0; i < n_in_; ++i) in_[i].data = ElementData(ins_[i], in_off[i]);
       for (size_t j = 0; j < plan_.n_out; ++j) out_[j].data = ElementData(outs_[j], out_off[j]);
+      error_[0] = '\0';  // a failing element's message is its own, never an earlier element's
       code_ = site_.kernel(&call_);
       return code_ == 0;
     });

@@ -215,7 +215,7 @@ ffi::Error RunPython(const PythonSite& site, const XLA_FFI_Args* args, const XLA
     if (!unwritten.empty()) return ErrorText(&site, unwritten);
   }
   if (ok) return ffi::Error::Success();
-  return ffi::Error(ffi::ErrorCode::kInternal, error);
+  return ffi::Error(ffi::ErrorCode::kInternal, ValidUtf8(error));
 }
 
 }  // namespace

@@ -178,6 +178,26 @@ EXPORT int jb_fail(const jaxbind_call *call) {
 /* Fails without a message. */
 EXPORT int jb_fail_silently(const jaxbind_call *call) { (void)call; return 7; }
 
+/* Fails with a message that is not UTF-8: Latin-1 bytes, a stray continuation byte, and a
+ * two-byte character cut after its first byte at the end. */
+EXPORT int jb_fail_latin1(const jaxbind_call *call) {
+  return jaxbind_fail(call, "d\xe9" "faut \x80 de convergence \xc3");
+}
+
+/* y = x (float64) for elements whose first entry is >= 0, each leaving a note in the error buffer
+ * though it succeeds; an element whose first entry is negative fails without a message. */
+EXPORT int jb_note_then_fail_silently(const jaxbind_call *call) {
+  if (check_counts(call, 1, 1) || check_dtypes(call, "jb_note_then_fail_silently", call->in, 1, JAXBIND_FLOAT64) ||
+      check_dtypes(call, "jb_note_then_fail_silently", call->out, 1, JAXBIND_FLOAT64)) return 1;
+  const double *x = call->in[0].data;
+  double *y = call->out[0].data;
+  const int64_t n = jaxbind_size(&call->in[0]);
+  if (n > 0 && x[0] < 0) return 5;
+  if (call->error != NULL && call->error_size > 16) snprintf(call->error, (size_t)call->error_size, "a stale note");
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i];
+  return 0;
+}
+
 /* Reports its kwargs into a float64 output of 8 entries:
  * [int i, float f, bool b, strlen(s), s[0], sum(ints), sum(floats), n_kwargs]. */
 EXPORT int jb_kwargs_probe(const jaxbind_call *call) {
