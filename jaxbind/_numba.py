@@ -147,10 +147,14 @@ def numba_kernel(fn=None, *, name: Optional[str] = None, concurrent: bool = Fals
     """A jaxbind native kernel written in Python with numba's nopython subset.
 
     ``fn(out, args, kwargs)`` writes every array of the tuple ``out`` from the
-    arrays of the tuple ``args`` (read them only), both C-contiguous with the
-    call's shapes and dtypes; ``kwargs`` holds the op call's keyword arguments
-    as attributes (``kwargs.factor``): ints as int64, floats as float64, bools,
-    and 1-d sequences as int64 or float64 arrays (read-only by contract). With
+    arrays of the tuple ``args``, both C-contiguous with the call's shapes and
+    dtypes; ``kwargs`` holds the op call's keyword arguments as attributes
+    (``kwargs.factor``): ints as int64, floats as float64, bools, and 1-d
+    sequences as int64 or float64 arrays. The arrays of ``args`` and of
+    ``kwargs`` are read-only (numba's read-only array types: a kernel that
+    writes one does not compile, and the op call fails with numba's message),
+    since an input may be the caller's own array and an array kwarg is shared
+    by every call with an equal value. With
     ``func_can_batch=True`` it also has ``batch_levels`` and ``batch_axes`` (the
     header's flat layout). A kernel that raises (``raise ValueError("...")``)
     makes the op call fail with an error naming the op and carrying the message.
@@ -192,9 +196,11 @@ def numba_kernel(fn=None, *, name: Optional[str] = None, concurrent: bool = Fals
         If numba is not installed (``pip install 'jaxbind[numba]'``).
     TypeError
         If ``name`` is not a non-empty string, or ``fn`` is not callable, is a
-        native kernel already, or is a numba object other than an ``njit``
-        function (a ``numba.cfunc`` with the kernel signature is a kernel
-        already: pass it to the op directly).
+        native kernel already, is a numba function compiled in object mode
+        (``forceobj=True``: its code needs the GIL), or
+        is a numba object other than an ``njit`` function (a ``numba.cfunc``
+        with the kernel signature is a kernel already: pass it to the op
+        directly).
 
     Notes
     -----
@@ -237,7 +243,20 @@ def numba_kernel(fn=None, *, name: Optional[str] = None, concurrent: bool = Fals
             "numba.njit function; a numba.cfunc with the kernel signature is a kernel already: pass it "
             "to the op directly."
         )
+    if _is_dispatcher(fn) and fn.targetoptions.get("forceobj"):
+        raise TypeError(_object_mode_refusal(fn.py_func))
     return NumbaKernel(fn, name, concurrent)
+
+
+def _object_mode_refusal(py_func) -> str:
+    """Why a numba function compiled in object mode is not a kernel."""
+    name = getattr(py_func, "__name__", None) or type(py_func).__name__
+    return (
+        f"jaxbind.numba_kernel: '{name}' is compiled in numba's object mode (forceobj=True), whose "
+        "code handles Python objects and needs the GIL, which "
+        "a native kernel runs without; compile it in nopython mode (numba.njit, or pass the plain Python "
+        "function), or make the op from a Python callback instead."
+    )
 
 
 @functools.lru_cache(None)
@@ -487,6 +506,13 @@ def _make_machinery() -> dict:
                 return k
         return -1
 
+    def _read_only(tuple_type):
+        """A tuple (or named tuple) type with its array members read-only."""
+        members = [t.copy(readonly=True) if isinstance(t, types.Array) else t for t in tuple_type]
+        if isinstance(tuple_type, (types.NamedTuple, types.NamedUniTuple)):
+            return types.BaseTuple.from_types(members, tuple_type.instance_class)
+        return types.BaseTuple.from_types(members)
+
     def guard(dispatcher, variant_id):
         """An intrinsic ``guarded(call, out, args, kwargs) -> int32`` that calls ``dispatcher`` (fn)
         and returns 0, or, when fn raised, writes its message to the call's error buffer (taking
@@ -494,9 +520,15 @@ def _make_machinery() -> dict:
 
         @intrinsic
         def guarded(typingctx, call, out, args, kwargs):
-            argtypes = (out, args, kwargs)
+            # fn sees its inputs and kwargs as read-only arrays (the same data model as the
+            # writable arrays the variant makes, so the values pass as they are): an input is
+            # XLA's buffer, perhaps the caller's jax.Array, and an array kwarg is shared by
+            # every call with an equal kwarg. A write into one fails to compile, with numba's message.
+            argtypes = (out, _read_only(args), _read_only(kwargs))
             dispatcher.compile(argtypes)  # (numba's own errors, e.g. typing, surface here)
             compiled = dispatcher.overloads[argtypes]
+            if compiled.objectmode:  # (the kernel's form was checked when it was made; this is the last word)
+                raise TypeError(_object_mode_refusal(dispatcher.py_func))
             # fn is called by the address of its compiled code, as an external symbol: not
             # linked into (and optimized again with) every variant
             symbol = f"jaxbind_numba_fn_{variant_id}"
@@ -582,7 +614,7 @@ def entry(call, table, entry_id):
     scope = dict(namespace)
     exec(compile(source, "<jaxbind numba entry>", "exec"), scope)
     entry = numba.cfunc(types.int32(types.voidptr, types.int64, types.int64), nopython=True)(scope["entry"])
-    return dict(namespace, guard=guard, entry=entry, texts=texts)
+    return dict(namespace, guard=guard, entry=entry, texts=texts, read_only=_read_only)
 
 
 def _text(text: str, keep: list) -> str:
@@ -777,8 +809,10 @@ class _Variant:
         arrays_t = [types.Array(m["numba"].from_dtype(dtypes_np[k]), ranks[k], "C") for k in range(n_in + n_out)]
         field_t = {KW_INT: types.int64, KW_FLOAT: types.float64, KW_BOOL: types.boolean,
                    KW_INT_ARRAY: types.Array(types.int64, 1, "C"), KW_FLOAT_ARRAY: types.Array(types.float64, 1, "C")}
-        argtypes = (types.BaseTuple.from_types(arrays_t[n_in:]), types.BaseTuple.from_types(arrays_t[:n_in]),
-                    types.BaseTuple.from_types([field_t[code] for _, code in kwargs], namespace["KW"]))
+        argtypes = (types.BaseTuple.from_types(arrays_t[n_in:]),
+                    m["read_only"](types.BaseTuple.from_types(arrays_t[:n_in])),
+                    m["read_only"](types.BaseTuple.from_types([field_t[code] for _, code in kwargs],
+                                                              namespace["KW"])))
         try:
             program.dispatcher.compile(argtypes)
         except Exception as err:

@@ -136,3 +136,68 @@ def test_what_is_not_a_function_is_refused():
         jaxbind.numba_kernel(A_CFUNC)
     with pytest.raises(TypeError, match="name must be a non-empty string"):
         jaxbind.numba_kernel(lambda out, args, kwargs: None, name="")
+
+
+# ---------------------------------------------------------------------------
+# Forms that cannot run without the GIL, and writes into what the kernel only reads
+# ---------------------------------------------------------------------------
+
+
+def _copy_body(out, args, kwargs):
+    for i in range(args[0].size):
+        out[0].flat[i] = args[0].flat[i]
+
+
+def test_an_object_mode_function_is_refused_when_the_kernel_is_made():
+    # (numba >= 0.59 ignores nopython=False: forceobj is the one way to object mode)
+    with pytest.raises(TypeError, match=r"'_copy_body' is compiled in numba's object mode.*needs the GIL"):
+        jaxbind.numba_kernel(numba.jit(forceobj=True)(_copy_body))
+    np.testing.assert_array_equal(  # the same body in nopython mode is a kernel
+        jaxbind.get_nonlinear_call(jaxbind.numba_kernel(numba.njit(_copy_body)), None, like_last, None)(
+            np.arange(3.0))[0], [0.0, 1.0, 2.0])
+
+
+def test_a_kernel_that_writes_an_input_does_not_compile_and_the_input_is_unchanged():
+    @jaxbind.numba_kernel
+    def writes_its_input(out, args, kwargs):
+        args[0][0] = 99.0  # an input is XLA's buffer: here the caller's own jax.Array
+        for i in range(args[0].size):
+            out[0].flat[i] = args[0].flat[i]
+
+    op = jaxbind.get_nonlinear_call(writes_its_input, None, like_last, None)
+    x = jnp.arange(3.0)
+    for call in (lambda v: op(v)[0], jax.jit(lambda v: op(v)[0])):
+        with pytest.raises(RuntimeError, match=r"(?s)op 'writes_its_input'.*could not compile kernel "
+                                               r"'writes_its_input'.*readonly"):
+            jax.block_until_ready(call(x))
+    np.testing.assert_array_equal(x, [0.0, 1.0, 2.0])
+
+
+def test_a_kernel_that_writes_an_array_kwarg_does_not_compile():
+    @jaxbind.numba_kernel
+    def bumps_its_kwarg(out, args, kwargs):
+        kwargs.w[0] += 1.0  # an array kwarg is shared by every call with an equal value
+        out[0].flat[0] = kwargs.w[0]
+
+    def one(*args, **kwargs):
+        return (((1,), np.float64),)
+
+    op = jaxbind.get_nonlinear_call(bumps_its_kwarg, None, one, None)
+    with pytest.raises(RuntimeError, match=r"(?s)op 'bumps_its_kwarg'.*could not compile.*readonly"):
+        jax.block_until_ready(op(np.ones(1), w=[0.0, 0.0])[0])
+
+
+def test_inputs_and_kwargs_are_read_only_and_still_read_everywhere():
+    @jaxbind.numba_kernel
+    def weighted(out, args, kwargs):
+        x, w = args[0], kwargs.w  # reading read-only arrays: indexing, slicing, NumPy functions
+        out[0][:] = x * w[0] + np.sum(x[1:]) * w[1]
+
+    op = jaxbind.get_nonlinear_call(weighted, None, like_last, None)
+    x = np.array([1.0, 2.0, 3.0])
+    expected = x * 2.0 + (2.0 + 3.0) * 0.5
+    np.testing.assert_allclose(op(x, w=[2.0, 0.5])[0], expected)
+    np.testing.assert_allclose(jax.jit(lambda v: op(v, w=[2.0, 0.5])[0])(x), expected)
+    batch = np.stack([x, 2 * x])
+    np.testing.assert_allclose(jax.vmap(lambda v: op(v, w=[2.0, 0.5])[0])(batch),
+                               [expected, 2 * expected])
