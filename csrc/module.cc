@@ -100,7 +100,8 @@ NB_MODULE(_trampoline, m) {
         "Fill outputs with a sentinel before every callback and report elements left unwritten.");
 
   m.def("retire", &RetireArray,
-        "Make a view that does not own its memory empty and read-only (cuts it off that memory).");
+        "Cut an object off the memory it reaches: a view that does not own its memory becomes "
+        "empty and read-only; a flat iterator or an np.broadcast object iterates nothing.");
   m.def("shutdown", &Shutdown, nb::arg("timeout"),
         "Refuse new Python callbacks and wait up to `timeout` seconds for the running ones "
         "(jaxbind's atexit hook). Returns how many still run.");

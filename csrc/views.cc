@@ -138,13 +138,37 @@ void Retire(PyObject* array) {
   PyArray_UpdateFlags(reinterpret_cast<PyArrayObject*>(array), NPY_ARRAY_UPDATE_ALL);
 }
 
-// The module's `retire`: Retire for arrays that Python found reach a kept view's memory.
-void RetireArray(nb::handle array) {
-  if (!PyArray_Check(array.ptr())) throw nb::type_error("not a NumPy array");
-  if (PyArray_CHKFLAGS(reinterpret_cast<PyArrayObject*>(array.ptr()), NPY_ARRAY_OWNDATA)) {
+// Cuts a flat iterator (`a.flat`, an iterator of np.broadcast) off its array:
+// it copied the array's data pointer and shape when it was made, so retiring
+// the array alone leaves it reading the old memory. With no elements left it
+// iterates nothing and every index is out of range.
+void RetireFlatIterator(PyArrayIterObject* it) {
+  it->size = 0;
+  it->index = 0;
+  it->dataptr = g_retired_storage;
+}
+
+// The module's `retire`: cuts off what Python found reaching a kept view's
+// memory: an array (Retire), a flat iterator, or an np.broadcast object and
+// its iterators.
+void RetireArray(nb::handle obj) {
+  PyObject* o = obj.ptr();
+  if (PyArrayIter_Check(o)) {
+    RetireFlatIterator(reinterpret_cast<PyArrayIterObject*>(o));
+    return;
+  }
+  if (PyObject_TypeCheck(o, &PyArrayMultiIter_Type)) {
+    auto* multi = reinterpret_cast<PyArrayMultiIterObject*>(o);
+    multi->size = 0;
+    multi->index = 0;
+    for (int i = 0; i < multi->numiter; ++i) RetireFlatIterator(multi->iters[i]);
+    return;
+  }
+  if (!PyArray_Check(o)) throw nb::type_error("not a NumPy array, flat iterator or broadcast object");
+  if (PyArray_CHKFLAGS(reinterpret_cast<PyArrayObject*>(o), NPY_ARRAY_OWNDATA)) {
     throw nb::value_error("the array owns its memory");
   }
-  Retire(array.ptr());
+  Retire(o);
 }
 
 // Whether anything besides us holds the views once unreachable garbage is

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import atexit
 import gc
+import itertools
 import os
+import sys
 import traceback
 import weakref
 
@@ -127,6 +129,7 @@ def _owner(array, kept_ids):
 
 
 _PROXY_TYPES = (weakref.ProxyType, weakref.CallableProxyType)
+_CTYPES_TYPE = type(np.empty(0).ctypes)  # what ``array.ctypes`` is (a class private to NumPy)
 
 
 def _heap_containers():
@@ -170,8 +173,9 @@ def _retire_aliases(views):
     NumPy array whose memory overlaps a view's, whatever its ``base`` chain (a
     slice, ``np.frombuffer``, a DLPack import), unless that chain ends at a JAX
     array (the memory is that array's: the user's own zero-copy view of an
-    input) or at nothing (another call's view); a memoryview of either; and a
-    JAX array that imported an output's memory without copying.
+    input) or at nothing (another call's view); a memoryview of either; a
+    JAX array that imported an output's memory without copying; and the
+    objects that copied a pointer into that memory (:func:`_pointer_holders`).
     """
     ranges = [r for r in map(_byte_range, views) if r is not None]
     kept_ids = {id(v) for v in views}
@@ -181,8 +185,9 @@ def _retire_aliases(views):
         r = _byte_range(array)
         return r is not None and any(r[0] < high and low < r[1] for low, high in ranges)
 
+    referents = gc.get_referents(*holders)
     aliases = {}
-    for obj in gc.get_referents(*holders):
+    for obj in referents:
         if type(obj) in _PROXY_TYPES:
             continue
         if (isinstance(obj, np.ndarray) and id(obj) not in kept_ids and not obj.flags.owndata
@@ -199,6 +204,7 @@ def _retire_aliases(views):
                     memoryviews.append(holder)
             except ValueError:  # released
                 pass
+    holders_of_pointers = _pointer_holders(itertools.chain(holders, referents), reaching, overlaps)
     for array in aliases.values():
         _trampoline.retire(array)
     # A JAX array imported without a copy (jnp.from_dlpack of an output) is
@@ -212,6 +218,75 @@ def _retire_aliases(views):
         try:
             view.release()
         except BufferError:  # exported further: its users are arrays, retired above
+            pass
+    _cut_off_pointer_holders(holders_of_pointers, views)
+
+
+def _numba_containers():
+    """numba's typed List and Dict classes, if numba is imported (else nothing to look for)."""
+    typed = sys.modules.get("numba.typed")
+    return (typed.List, typed.Dict) if typed is not None else ()
+
+
+def _pointer_holders(objects, reaching, overlaps):
+    """Objects that copied a pointer into a kept view's memory when they were made, so that
+    retiring the arrays does not cut them off: flat iterators (``a.flat``), ``np.broadcast`` and
+    ``np.nditer`` objects, ``a.ctypes`` objects, numba typed Lists and Dicts holding such an array.
+    Returns ``[(kind, object), ...]``.
+    """
+    def reaches(array):
+        return isinstance(array, np.ndarray) and (id(array) in reaching or overlaps(array))
+
+    numba_types = _numba_containers()
+    found, seen = [], set()
+    for obj in objects:
+        kind = type(obj)
+        if kind in _PROXY_TYPES or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        try:
+            if kind is np.flatiter:
+                hit = reaches(obj.base)
+            elif kind is np.broadcast:
+                hit = any(reaches(it.base) for it in obj.iters)
+            elif kind is np.nditer:
+                hit = any(reaches(op) for op in obj.operands)
+            elif kind is _CTYPES_TYPE:
+                hit = reaches(obj._arr)
+            elif numba_types and isinstance(obj, numba_types):
+                keys = obj.keys() if isinstance(obj, numba_types[1]) else range(len(obj))
+                hit = [key for key in keys if reaches(obj[key])]  # (its items as numba boxes them)
+            else:
+                continue
+        except Exception:  # a closed nditer, a typed container of another item type: nothing to cut off
+            continue
+        if hit:
+            found.append((obj, hit))
+    return found
+
+
+def _cut_off_pointer_holders(found, views):
+    """Cut off what :func:`_pointer_holders` found, after the arrays themselves are retired:
+    an nditer is closed (it then refuses every use), a flat iterator or broadcast object iterates
+    nothing, a ``ctypes`` object points at its retired array, a numba container's item that
+    reaches the memory becomes an empty array of its dtype."""
+    for view in views:
+        _trampoline.retire(view)  # (now rather than after this function: the ctypes objects read it)
+    for obj, hit in found:
+        try:
+            if type(obj) is np.nditer:
+                obj.close()
+            elif type(obj) in (np.flatiter, np.broadcast):
+                _trampoline.retire(obj)
+            elif type(obj) is _CTYPES_TYPE:
+                obj._data = obj._ctypes.c_void_p(obj._arr.__array_interface__["data"][0])
+            else:  # a numba container: it keeps its own copy of each array's pointer and shape
+                for key in hit:
+                    item = obj[key]
+                    empty = np.empty((0,) * item.ndim, item.dtype)
+                    empty.flags.writeable = item.flags.writeable
+                    obj[key] = empty
+        except Exception:  # (best effort: each kind above is cut off by the means it offers)
             pass
 
 

@@ -335,3 +335,59 @@ def test_aliases_are_cut_off_with_dead_weak_proxies_on_the_heap():
     _assert_cut_off(KEPT[0])
     assert len(dead) == 2
     KEPT.clear()
+
+
+# Objects that copy a view's data pointer (and shape) when they are made: retiring the view alone
+# would leave them reading XLA's memory. Each keeper returns the object and a check that it reaches
+# none of that memory any more.
+@numba.njit
+def _first_item_size(items):
+    return items[0].size
+
+
+def _numba_list_of(view):
+    items = numba.typed.List()
+    items.append(view)
+    return items
+
+
+def _numba_dict_of(view):
+    items = numba.typed.Dict.empty(numba.types.int64, numba.typeof(view))
+    items[0] = view
+    return items
+
+
+POINTER_KEEPERS = {
+    "a flat iterator": (lambda out, args: out[0].flat,
+                        lambda kept, _: list(kept) == [] and pytest.raises(IndexError, kept.__getitem__, 0)),
+    "np.nditer": (lambda out, args: np.nditer(args[0]),
+                  lambda kept, _: list(kept) == [] and pytest.raises(ValueError, getattr, kept, "operands")),
+    "np.broadcast": (lambda out, args: np.broadcast(args[0], 1.0),
+                     lambda kept, _: list(kept) == [] and all(list(it) == [] for it in kept.iters)),
+    "an array's ctypes object": (lambda out, args: out[0].ctypes,
+                                 lambda kept, memory: tuple(kept.shape) == (0,) and
+                                 not memory[0] <= kept.data < memory[1]),
+    "a numba typed List": (lambda out, args: _numba_list_of(args[0]),
+                           lambda kept, _: _first_item_size(kept) == 0 and kept[0].size == 0),
+    "a numba typed Dict": (lambda out, args: _numba_dict_of(out[0]),
+                           lambda kept, _: kept[0].size == 0),
+}
+
+
+@pytest.mark.parametrize("keeper", list(POINTER_KEEPERS))
+def test_a_kept_object_holding_a_pointer_is_cut_off(keeper):
+    make, is_cut_off = POINTER_KEEPERS[keeper]
+    kept, memory = [], []
+
+    def hoard(out, args, kwargs_dump):
+        np.multiply(args[0], 2, out=out[0])
+        for array in (args[0], out[0]):
+            memory.append((array.ctypes.data, array.ctypes.data + array.nbytes))
+        kept.append(make(out, args))
+
+    op = jaxbind.get_linear_call(hoard, hoard, same_shape, same_shape)
+    x = jnp.arange(float(1 << 16))  # (large enough that XLA's allocator returns reading it to the system)
+    with pytest.raises(RuntimeError, match=r"op 'hoard'.*kept a reference"):
+        jax.block_until_ready(jax.jit(lambda v: op(v)[0])(x))
+    low, high = min(m[0] for m in memory), max(m[1] for m in memory)
+    assert is_cut_off(kept[0], (low, high)), keeper
