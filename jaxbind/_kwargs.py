@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import pickle
 from typing import Any
 
@@ -51,6 +52,50 @@ def load_kwargs(kwargs_dump) -> dict:
     return pickle.loads(kwargs_dump)
 
 
+class _OrderedSet(set):
+    """A set written with its members in a canonical order (see :func:`_canonical_dumps`)."""
+
+
+class _OrderedFrozenset(frozenset):
+    """A frozenset written with its members in a canonical order."""
+
+
+def _canonical(value):
+    """``value`` with every set and frozenset inside lists, tuples, dicts and sets marked for
+    canonical writing (other objects are written as pickle writes them)."""
+    kind = type(value)
+    if kind in (set, frozenset):
+        return (_OrderedSet if kind is set else _OrderedFrozenset)(_canonical(v) for v in value)
+    if kind is dict:
+        return {_canonical(k): _canonical(v) for k, v in value.items()}
+    if kind in (list, tuple):
+        return kind(_canonical(v) for v in value)
+    return value
+
+
+class _CanonicalPickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        # (pickle calls this only for types without a fast path: exact sets never get here)
+        if type(obj) in (_OrderedSet, _OrderedFrozenset):
+            plain = set if type(obj) is _OrderedSet else frozenset
+            return plain, (sorted(obj, key=_pickled),)
+        return NotImplemented
+
+
+def _pickled(value) -> bytes:
+    buffer = io.BytesIO()
+    _CanonicalPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
+def _canonical_dumps(values) -> bytes:
+    """The pickle of ``values``, whose bytes depend on the values only: the members of a set or
+    frozenset (whose iteration order follows string hashes, which differ from process to
+    process) are written in the order of their own pickles. Equal kwargs then give equal bytes
+    in every process: one call site for equal values, and the persistent cache hits."""
+    return _pickled(_canonical(values))
+
+
 def _contains_tracer(value: Any) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(value))
 
@@ -79,7 +124,7 @@ class Kwargs:
             # Sorted by name, so that the order the kwargs were written in
             # does not make a new compiled call.
             values = dict(sorted(values.items()))
-            dump = pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+            dump = _canonical_dumps(values)
         except Exception as err:  # pickle raises many types (TypeError, PicklingError, AttributeError)
             bad = [k for k, v in values.items() if not _picklable(v)]
             which = f"keyword argument '{bad[0]}'" if bad else "the keyword arguments"

@@ -53,3 +53,42 @@ def test_an_array_kwarg_is_not_kept_besides_its_serialized_bytes():
     del weights
     gc.collect()
     assert alive() is None
+
+
+_DUMP_IN_A_FRESH_PROCESS = """
+import sys
+from jaxbind._kwargs import Kwargs
+kwargs = {"names": {"alpha", "beta", "gamma", "delta", "epsilon"},
+          "frozen": frozenset({("x", 1), ("y", 2), ("z", frozenset({"p", "q", "r"}))}),
+          "nested": [{"u", "v", "w"}, {"k": {"s", "t"}}]}
+sys.stdout.write(Kwargs(kwargs, "probe").dump.hex())
+"""
+
+
+def test_kwargs_holding_sets_pickle_to_the_same_bytes_in_every_process():
+    # A set's iteration order follows its strings' hashes, which differ between processes
+    # (PYTHONHASHSEED): the bytes must not, or equal kwargs miss the persistent cache.
+    import os
+    import subprocess
+    import sys
+
+    dumps = set()
+    for seed in ("1", "2", "3", "4"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        result = subprocess.run([sys.executable, "-c", _DUMP_IN_A_FRESH_PROCESS], env=env,
+                                capture_output=True, text=True, timeout=120, check=True)
+        dumps.add(result.stdout)
+    assert len(dumps) == 1
+    values = Kwargs({"v": 0}, "probe").__class__.__new__(Kwargs)
+    values.dump = bytes.fromhex(dumps.pop())
+    assert values.values == {"frozen": frozenset({("x", 1), ("y", 2), ("z", frozenset({"p", "q", "r"}))}),
+                             "names": {"alpha", "beta", "gamma", "delta", "epsilon"},
+                             "nested": [{"u", "v", "w"}, {"k": {"s", "t"}}]}
+
+
+def test_equal_sets_built_in_different_orders_are_one_kwargs_value():
+    a = {f"n{k}" for k in range(40)}
+    b = set(a) | {f"junk{k}" for k in range(1000)}  # a larger table: another iteration order
+    b -= {f"junk{k}" for k in range(1000)}
+    assert a == b
+    assert Kwargs({"s": a, "f": frozenset(a)}, "probe") == Kwargs({"s": b, "f": frozenset(b)}, "probe")
