@@ -5,6 +5,9 @@
 namespace {
 
 std::atomic<bool> g_check_unwritten{false};
+// check_op's thread-safety check: every walk of a thread-safe Python site is
+// spread over the pool in chunks of a few elements, however short they are.
+std::atomic<bool> g_spread_walks{false};
 
 constexpr size_t kMaxSentinel = 16;  // bytes: complex128
 

@@ -211,6 +211,7 @@ void RetireArray(nb::handle array);
 // ---- The checking mode (checking.cc) ----------------------------------------
 
 extern std::atomic<bool> g_check_unwritten;
+extern std::atomic<bool> g_spread_walks;
 void FillSentinel(size_t n_out, void* const* outs);
 std::string FindUnwritten(size_t n_out, void* const* outs);
 

@@ -99,6 +99,9 @@ NB_MODULE(_trampoline, m) {
   m.def("set_check_unwritten", [](bool on) { g_check_unwritten.store(on); }, nb::arg("on"),
         "Fill outputs with a sentinel before every callback and report elements left unwritten.");
 
+  m.def("set_spread_walks", [](bool on) { g_spread_walks.store(on); }, nb::arg("on"),
+        "Spread every walk of a thread-safe Python callback over the pool, however short its "
+        "elements (check_op's thread-safety check).");
   m.def("retire", &RetireArray,
         "Cut an object off the memory it reaches: a view that does not own its memory becomes "
         "empty and read-only; a flat iterator or an np.broadcast object iterates nothing.");

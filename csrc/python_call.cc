@@ -194,8 +194,12 @@ ffi::Error RunPython(const PythonSite& site, const XLA_FFI_Args* args, const XLA
     if (site.thread_safe && site.levels != 0 && threads > 0 && plan.total >= 2) {
       auto walk = std::make_shared<ChunkedWalk>();
       ok = TimeFirstElements(call_range, &element_ns);
-      const int serial = site.serial_walks.load(std::memory_order_relaxed);
+      int serial = site.serial_walks.load(std::memory_order_relaxed);
       if (serial > 0) site.serial_walks.store(serial - 1, std::memory_order_relaxed);
+      if (g_spread_walks.load(std::memory_order_relaxed)) {
+        serial = 0;
+        element_ns = std::max(element_ns, kParallelMinNs);  // (chunks of a few elements: see Plan)
+      }
       if (ok && serial <= 0 && walk->Plan(2, plan.total, element_ns, threads)) {
         ok = RunPythonParallel(site, plan, callee, rets, walk, threads, pool, &error);
       } else if (ok) {

@@ -48,7 +48,10 @@ def check_op(op: Op, /, *args, fd_rtol: Optional[float] = None, **kwargs) -> OpC
     test ``<f x, y> == <x, f_T y>`` in every linear argument and jointly; for
     nonlinear ops the jvp against central finite differences and the vjp
     against the jvp; ``vmap`` at one and two levels with mixed ``in_axes``, of
-    the op, its vjp and (nonlinear ops) its jvp, against Python loops.
+    the op, its vjp and (nonlinear ops) its jvp, against Python loops; for
+    ops made with ``thread_safe=True`` a ``vmap`` of 256 elements walked on
+    every thread at once (chunks of a few elements, Python switching threads
+    every microsecond), three times, against calling it element by element.
     Random data is complex wherever an array is complex. Tolerances follow
     from a rounding model: the dtypes' epsilons, the sizes and the magnitudes
     of the values involved. A check the precision makes meaningless is listed

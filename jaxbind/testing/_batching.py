@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _trampoline
 from ._numerics import BATCH, COMBINED, NESTED, _inexact, _size
+
+# The thread-safety check: a walk of this many elements, spread over every thread in chunks of a
+# few elements, with Python switching threads as often as it can, run this many times.
+SPREAD_ELEMENTS = 256
+SPREAD_RUNS = 3
 
 
 class BatchingChecks:
@@ -146,6 +153,32 @@ class BatchingChecks:
             if d.kind == "nonlinear":
                 tasks += self.batched_jvp_tasks(diff, ones)
         self.run_batched(tasks)
+
+    def check_thread_safe(self):
+        """A ``thread_safe`` op's vmap walked on every thread at once, against calling it element by element.
+
+        Nothing can prove a body thread-safe; this makes a race likely enough to be seen: every walk
+        is spread over XLA's threads in chunks of a few elements, however short they are, and Python
+        switches threads every microsecond (``sys.setswitchinterval``), so that two calls interleave
+        wherever a body shares state between calls.
+        """
+        check = "thread_safe: the walk on several threads against a loop"
+        detail = ("the vmapped op gives other values when its walk runs on several threads at once than "
+                  "called element by element: the op was made with thread_safe=True, but its callback is "
+                  "not thread-safe (calls share state: a scratch array, a global, an attribute of an "
+                  "object); give each call its own state, or make the op with thread_safe=False")
+        n = len(self.args)
+        task = self.batched(check, "in_axes 0", self.call, self.grid([SPREAD_ELEMENTS]), [[0] * n],
+                            [o.dtype for o in self.outs], detail)
+        interval = sys.getswitchinterval()
+        _trampoline.set_spread_walks(True)
+        sys.setswitchinterval(1e-6)
+        try:
+            for _ in range(SPREAD_RUNS):
+                self.run_batched([task])
+        finally:
+            sys.setswitchinterval(interval)
+            _trampoline.set_spread_walks(False)
 
     def restrict(self, args, diff):
         """f of the arguments ``diff``, the others held at ``args``."""

@@ -172,6 +172,8 @@ class Checker(LinearChecks, DerivativeChecks, BatchingChecks):
         else:
             self.check_jvp_and_vjp()
         self.check_vmap()
+        if d.thread_safe:
+            self.check_thread_safe()
         return self.summary
 
     def check_outputs(self):

@@ -165,3 +165,42 @@ def test_thread_safe_must_be_a_bool():
         make("yes")
     with pytest.raises(TypeError, match=r"op 'f'.*thread_safe must be a bool"):
         jaxbind.get_nonlinear_call(lambda o, a, k: None, None, like, None, name="f", thread_safe=1)
+
+
+# ---------------------------------------------------------------------------
+# check_op runs a thread-safe op's walk on several threads at once
+# ---------------------------------------------------------------------------
+
+
+def _shares_a_scratch_array():
+    scratch = np.zeros(4096)
+
+    def shared(out, args, kwargs_dump):  # not thread-safe: every call writes the same scratch
+        np.sin(args[0], out=scratch)  # (NumPy releases the GIL over large arrays: calls interleave)
+        out[0][...] = 2.0 * scratch + 1.0
+
+    return shared
+
+
+def _own_scratch(out, args, kwargs_dump):  # thread-safe: each call has its own
+    scratch = np.sin(args[0]) * 2.0
+    out[0][...] = scratch + 1.0
+
+
+def _same(*args, **kwargs):
+    return ((args[0].shape, args[0].dtype),)
+
+
+def test_check_op_finds_a_thread_safe_op_whose_body_shares_a_scratch_array():
+    x = np.linspace(0.0, 1.0, 4096)
+    racy = jaxbind.get_nonlinear_call(_shares_a_scratch_array(), None, _same, None, thread_safe=True,
+                                      name="racy")
+    np.testing.assert_allclose(racy(x)[0], np.sin(x) * 2 + 1)  # one call at a time: right
+    with pytest.raises(AssertionError, match=r"op 'racy': thread_safe: the walk on several threads.*"
+                                             r"not thread-safe.*thread_safe=False"):
+        check_op(racy, x)
+    # The same body without thread_safe, and a body with its own scratch, pass.
+    assert check_op(jaxbind.get_nonlinear_call(_shares_a_scratch_array(), None, _same, None), x)
+    report = check_op(jaxbind.get_nonlinear_call(_own_scratch, None, _same, None, thread_safe=True), x)
+    assert report and "thread_safe: the walk on several threads against a loop" in str(report)
+    assert sys.getswitchinterval() > 1e-4  # restored
