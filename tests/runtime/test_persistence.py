@@ -6,22 +6,25 @@ sharing a temporary folder, and reads the JSON line each prints.
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
+import _subprocesses
+
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_persistence_job.py")
 PROGRAMS = ("forward", "native", "grad_with_residuals", "vmap", "sharded_walk", "eager")
+# Seconds per job (they take 2-5 s): a test runs at most 3, in all below the per-test limit (900 s, pyproject.toml).
+TIMEOUT = 240
 
 
 def run_job(*args):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
                JAX_PLATFORMS="cpu")
-    done = subprocess.run([sys.executable, JOB, *map(str, args)], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    returncode, out, err = _subprocesses.run([sys.executable, JOB, *map(str, args)], TIMEOUT,
+                                             f"_persistence_job.py {' '.join(map(str, args))}", env=env)
+    assert returncode == 0, out + err
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def files_in(folder):

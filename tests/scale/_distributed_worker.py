@@ -5,7 +5,9 @@
 object ``{check: error message or ""}`` and the number of callback calls this process made.
 """
 
+import faulthandler
 import json
+import os
 import sys
 import traceback
 
@@ -14,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+# Hung: print every thread's stack and exit, before test_multidevice.py's limit kills this process.
+faulthandler.dump_traceback_later(float(os.environ.get("JAXBIND_TEST_CHILD_TIMEOUT", 240)), exit=True)
 process_id, port = int(sys.argv[1]), int(sys.argv[2])
 jax.config.update("jax_enable_x64", True)
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id,

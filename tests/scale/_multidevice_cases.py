@@ -13,8 +13,10 @@ block of ``x`` and of ``w``; an argument is sharded over the mesh or replicated.
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import json
+import os
 import sys
 import time
 import traceback
@@ -26,6 +28,10 @@ from jax.sharding import PartitionSpec as P
 
 import _kernels
 import jaxbind
+
+if __name__ == "__main__":  # the subprocess (test_multidevice.py imports this file too)
+    # Hung: print every thread's stack and exit, before test_multidevice.py's limit kills this process.
+    faulthandler.dump_traceback_later(float(os.environ.get("JAXBIND_TEST_CHILD_TIMEOUT", 660)), exit=True)
 
 jax.config.update("jax_enable_x64", True)
 
