@@ -314,10 +314,9 @@ _HOOK_ADDRESS = ctypes.cast(_HOOK, ctypes.c_void_p).value
 class _Program:
     """The numba dispatcher of one function, and everything compiled from it."""
 
-    # Kept for the process, like the code numba compiles for a module's functions: kernels of
-    # the same function share it, and freeing numba's code libraries leaves llvmlite objects
-    # holding dead weakref proxies, which a walk of the heap (the kept-view check) must not meet.
-    _by_fn: dict = {}
+    # Kernels of the same function share it; it lives as long as a kernel (and so a call site)
+    # holds it, and its function with it (a closure's captured arrays too).
+    _by_fn: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
     _lock = threading.Lock()
 
     @classmethod
@@ -518,8 +517,15 @@ def _make_machinery() -> dict:
         and returns 0, or, when fn raised, writes its message to the call's error buffer (taking
         the GIL for that only) and returns 1; 2 (no message) when Python is exiting."""
 
+        # numba keeps every intrinsic in its registries for the process: this one holds fn's
+        # dispatcher only weakly (it needs it while the variant compiles), so that a freed
+        # kernel's function, and whatever it captured, can go.
+        dispatcher_ref = weakref.ref(dispatcher)
+        del dispatcher
+
         @intrinsic
         def guarded(typingctx, call, out, args, kwargs):
+            dispatcher = dispatcher_ref()
             # fn sees its inputs and kwargs as read-only arrays (the same data model as the
             # writable arrays the variant makes, so the values pass as they are): an input is
             # XLA's buffer, perhaps the caller's jax.Array, and an array kwarg is shared by
@@ -628,12 +634,14 @@ def _text(text: str, keep: list) -> str:
     return f"carray(_ptr({data.ctypes.data}), {data.size}, np.uint8)"
 
 
-@functools.lru_cache(None)
-def _jit():
-    """llvmlite's JIT, for the trampolines (numba has initialized the native target)."""
-    import llvmlite.binding as llvm
+# Engines of trampolines whose entries were freed, disposed of by the next trampoline compiled (under
+# numba's compiler lock): an engine freed by the collector could be disposed of in the middle of a
+# compilation of numba's, on the same thread.
+_FREED_ENGINES = []
 
-    return llvm, llvm.Target.from_default_triple().create_target_machine()
+
+def _free_engine(engine):
+    _FREED_ENGINES.append(engine)
 
 
 def _trampoline(target: int, *constants: int):
@@ -650,9 +658,13 @@ def _trampoline(target: int, *constants: int):
 
 
 def _compile_trampoline(target: int, constants: tuple):
+    import llvmlite.binding as llvm
     from llvmlite import ir
 
-    llvm, machine = _jit()
+    while _FREED_ENGINES:
+        _FREED_ENGINES.pop().close()
+    # A target machine of its own: an engine owns the one it is made with and frees it with itself.
+    machine = llvm.Target.from_default_triple().create_target_machine()
     i8p, i32, i64 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64)
     module = ir.Module(name="jaxbind_numba_trampoline")
     module.triple = llvm.get_process_triple()
@@ -688,8 +700,9 @@ class _Entry:
         self.id = next(_ENTRY_IDS)
         _ENTRIES[self.id] = self
         generic = _machinery()["entry"]
-        self.address, self._code = _trampoline(generic.address, self.table.ctypes.data, self.id)
-        self._code = (self._code, generic)  # (the trampoline calls the generic entry by its address)
+        self.address, engine = _trampoline(generic.address, self.table.ctypes.data, self.id)
+        self._code = generic  # (the trampoline calls the generic entry by its address)
+        weakref.finalize(self, _free_engine, engine)
 
     def variant_address(self, call_address: int) -> int:
         """The variant for this call's signature, compiled if new, entered in the table."""
