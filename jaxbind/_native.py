@@ -319,6 +319,13 @@ def as_kernel(obj, what: str, op_name: Optional[str], name_unnamed: bool = True)
     if isinstance(obj, NativeKernel):
         kernel = obj
     elif isinstance(obj, ctypes._CFuncPtr):  # a CDLL function or a CFUNCTYPE object
+        if _runs_python(obj):
+            raise TypeError(
+                f"{prefix}: {what} is a ctypes callback of a Python function, which is not a native "
+                "kernel: it needs the GIL on XLA's threads, and ctypes prints and ignores its exceptions "
+                "(the call would succeed with its outputs unwritten). Pass the Python function itself as "
+                "a callback f(out, args, kwargs_dump), or compile it (jaxbind.numba_kernel)."
+            )
         address = ctypes.cast(obj, ctypes.c_void_p).value or 0
         problem = _ctypes_signature_problem(obj) if address else None
         if problem:
@@ -354,6 +361,12 @@ def as_kernel(obj, what: str, op_name: Optional[str], name_unnamed: bool = True)
             )
         kernel = kernel._with(f"{op_name}.{what.split()[0]}", kernel.concurrent, None)
     return kernel
+
+
+def _runs_python(function) -> bool:
+    """Whether a ctypes function object is ``CFUNCTYPE(...)(python_callable)`` (its thunk runs Python)."""
+    held = getattr(function, "_objects", None) or {}
+    return any(type(o).__name__ == "CThunkObject" for o in held.values())
 
 
 def _kwarg_entry(key, value, label: str):

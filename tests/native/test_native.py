@@ -184,6 +184,22 @@ def test_native_refuses_null_and_non_integers():
             jaxbind.native(bad)
 
 
+def test_a_ctypes_callback_of_a_python_function_is_refused():
+    def python_body(call):  # ctypes would run this with the GIL and swallow its exceptions
+        raise ValueError("never seen")
+
+    thunk = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(python_body)
+    message = r"op 'jb_scale': f_T is a ctypes callback of a Python function.*jaxbind.numba_kernel"
+    with pytest.raises(TypeError, match=message):
+        jaxbind.get_linear_call(LIB.jb_scale, thunk, like_last, like_last)
+    with pytest.raises(TypeError, match="ctypes callback of a Python function"):
+        jaxbind.native(thunk)
+    # a CFUNCTYPE over a compiled function's address is a kernel
+    compiled = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(ctypes.cast(LIB.jb_scale, ctypes.c_void_p).value)
+    op = jaxbind.get_linear_call(compiled, compiled, like_last, like_last, name="scale_by_cfunctype")
+    np.testing.assert_allclose(op(np.ones(3), factor=2.5)[0], 2.5 * np.ones(3))
+
+
 def test_null_ctypes_function_pointer_names_the_op():
     null = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)()
     with pytest.raises(ValueError, match=r"op 'jb_scale': f_T is a null function pointer"):
