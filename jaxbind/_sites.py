@@ -25,11 +25,10 @@ this process defines that op now. Nothing else can be called: a program names
 ops, never addresses or callables, and kwargs from a program are read by a
 loader that builds only plain data.
 
-A site lives as long as its :class:`SiteHandle`, which every compiled program
-that names it holds (the lowering adds the handle to the executable's
-keepalives; the op's definition finds it weakly, and holds only the sites it
-made for programs made elsewhere). When the last goes, the handle releases
-the site, and with it the callback and whatever it captured.
+A site lives as long as its :class:`SiteHandle`, which the op's definition
+holds, and every compiled program that names it (the lowering adds the handle
+to the executable's keepalives). When the last goes, the handle releases the
+site, and with it the callback and whatever it captured.
 """
 
 from __future__ import annotations
@@ -118,10 +117,7 @@ def register_definition(definition: OpDef) -> None:
             index, name.next_index = name.next_index, name.next_index + 1
             name.defs.append((weakref.ref(definition), index))
         state["_index"] = index
-        # (role, kwargs, batch, padded, avals) -> handle, while a program that names it lives (the
-        # executables hold the handles): a long-lived op called with ever new kwargs keeps no
-        # site of a program that is gone.
-        state["_sites"] = weakref.WeakValueDictionary()
+        state["_sites"] = {}  # (role, kwargs, batch, padded, avals) -> handle
         state["_resolved"] = {}  # key -> handle, sites made for programs made elsewhere
 
 

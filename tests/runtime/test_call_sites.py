@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jaxbind
-from jaxbind import _op, _primitive, _sites, _trampoline
+from jaxbind import _primitive, _sites, _trampoline
 
 like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
 
@@ -200,53 +200,6 @@ def test_native_sites_are_freed_too(kernels):
         del op
     collect()
     assert _trampoline.num_live_sites() <= live_before
-
-
-def numba_factory(big):
-    numba = pytest.importorskip("numba")  # noqa: F841
-
-    def apply(out, args, kwargs):  # a closure: numba compiles `big` into the kernel
-        for i in range(args[0].size):
-            out[0].flat[i] = big[i] * args[0].flat[i]
-    return jaxbind.get_nonlinear_call(jaxbind.numba_kernel(apply), None, like, None, name="numba_closure")
-
-
-@pytest.mark.parametrize("how", ["eager", "jit_vmap"])
-def test_numba_kernels_made_from_closures_are_freed(how):
-    x = jnp.ones((2, 3))
-    live_before = _trampoline.num_live_sites()
-    refs = []
-    for k in range(4):
-        big = np.full(10**6, float(k + 1))  # 8 MB each, captured by the kernel's function
-        refs.append(weakref.ref(big))
-        op = numba_factory(big)
-        value = op(x)[0] if how == "eager" else jax.jit(jax.vmap(lambda v: op(v)[0] + 0))(x)
-        np.testing.assert_allclose(value, (k + 1) * np.ones((2, 3)))
-        del big, op, value
-    collect()
-    assert [r() is None for r in refs] == [True] * 4
-    assert _trampoline.num_live_sites() <= live_before
-    # and kernels made afterwards compile and run (the freed code is disposed of safely)
-    np.testing.assert_allclose(numba_factory(np.full(6, 7.0))(x)[0], 7 * np.ones((2, 3)))
-
-
-def test_a_long_lived_op_keeps_no_site_of_a_program_that_is_gone():
-    def scale(out, args, kwargs_dump):
-        out[0][...] = jaxbind.load_kwargs(kwargs_dump)["factor"] * args[0]
-
-    op = make_op("many_kwargs", f=scale)
-    x = jnp.ones(3)
-    collect()
-    live_before = _trampoline.num_live_sites()
-    for k in range(300):  # a new jitted function per value, as a script's loop makes them
-        np.testing.assert_allclose(jax.jit(lambda v: op(v, factor=float(k))[0])(x), k * np.ones(3))
-    collect()
-    assert _trampoline.num_live_sites() - live_before < 20  # (JAX's own caches may keep a few)
-    for k in range(300):  # eager calls: the eager cache's size bounds them
-        np.testing.assert_allclose(op(x, factor=float(k))[0], k * np.ones(3))
-    collect()
-    assert _trampoline.num_live_sites() - live_before <= _op.EAGER_CACHE_SIZE + 20
-    np.testing.assert_allclose(jax.jit(lambda v: op(v, factor=0.5)[0])(x), 0.5 * np.ones(3))  # still runs
 
 
 def test_a_freed_site_named_again_is_resolved_or_refused():
