@@ -202,6 +202,34 @@ def test_native_sites_are_freed_too(kernels):
     assert _trampoline.num_live_sites() <= live_before
 
 
+def numba_factory(big):
+    pytest.importorskip("numba")
+
+    def apply(out, args, kwargs):  # a closure: numba compiles `big` into the kernel
+        for i in range(args[0].size):
+            out[0].flat[i] = big[i] * args[0].flat[i]
+    return jaxbind.get_nonlinear_call(jaxbind.numba_kernel(apply), None, like, None, name="numba_closure")
+
+
+@pytest.mark.parametrize("how", ["eager", "jit_vmap"])
+def test_numba_kernels_made_from_closures_are_freed(how):
+    x = jnp.ones((2, 3))
+    live_before = _trampoline.num_live_sites()
+    refs = []
+    for k in range(4):
+        big = np.full(10**6, float(k + 1))  # 8 MB each, captured by the kernel's function
+        refs.append(weakref.ref(big))
+        op = numba_factory(big)
+        value = op(x)[0] if how == "eager" else jax.jit(jax.vmap(lambda v: op(v)[0] + 0))(x)
+        np.testing.assert_allclose(value, (k + 1) * np.ones((2, 3)))
+        del big, op, value
+    collect()
+    assert [r() is None for r in refs] == [True] * 4
+    assert _trampoline.num_live_sites() <= live_before
+    # and kernels made afterwards compile and run (the freed code is disposed of safely)
+    np.testing.assert_allclose(numba_factory(np.full(6, 7.0))(x)[0], 7 * np.ones((2, 3)))
+
+
 def test_a_freed_site_named_again_is_resolved_or_refused():
     # A serialized program outlives the op it resolved: calling it after the op
     # is gone is an error naming the op; defining the op again makes it run.
