@@ -232,7 +232,7 @@ def _pointer_holders(objects, reaching, overlaps):
     """Objects that copied a pointer into a kept view's memory when they were made, so that
     retiring the arrays does not cut them off: flat iterators (``a.flat``), ``np.broadcast`` and
     ``np.nditer`` objects, ``a.ctypes`` objects, numba typed Lists and Dicts holding such an array.
-    Returns ``[(kind, object), ...]``.
+    Returns ``[(object, hit), ...]``: ``hit`` is true, for a numba container the keys of its items that reach it.
     """
     def reaches(array):
         return isinstance(array, np.ndarray) and (id(array) in reaching or overlaps(array))
