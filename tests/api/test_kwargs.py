@@ -65,7 +65,7 @@ sys.stdout.write(Kwargs(kwargs, "probe").dump.hex())
 """
 
 
-def test_kwargs_holding_sets_pickle_to_the_same_bytes_in_every_process():
+def test_kwargs_holding_sets_pickle_to_the_same_bytes_in_every_process(tmp_path):
     # A set's iteration order follows its strings' hashes, which differ between processes
     # (PYTHONHASHSEED): the bytes must not, or equal kwargs miss the persistent cache.
     import os
@@ -75,7 +75,8 @@ def test_kwargs_holding_sets_pickle_to_the_same_bytes_in_every_process():
     dumps = set()
     for seed in ("1", "2", "3", "4"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        result = subprocess.run([sys.executable, "-c", _DUMP_IN_A_FRESH_PROCESS], env=env,
+        # (from elsewhere: in the repository the source folder jaxbind/ would shadow the installed package)
+        result = subprocess.run([sys.executable, "-c", _DUMP_IN_A_FRESH_PROCESS], env=env, cwd=tmp_path,
                                 capture_output=True, text=True, timeout=120, check=True)
         dumps.add(result.stdout)
     assert len(dumps) == 1

@@ -37,12 +37,16 @@ RUNS = {
 
 
 @pytest.fixture(scope="module")
-def runs():
+def runs(tmp_path_factory):
+    elsewhere = tmp_path_factory.mktemp("deadlock_case")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_TIMEOUT")}
     start = time.monotonic()
     processes = {
-        name: subprocess.Popen([sys.executable, "-m", "pytest", CASE, "-p", "no:cacheprovider", "-q", *options],
-                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # (run from elsewhere, with the repository's configuration: in the repository the source
+        # folder jaxbind/ would shadow the installed package)
+        name: subprocess.Popen([sys.executable, "-m", "pytest", CASE, "-p", "no:cacheprovider", "-q",
+                                "-c", os.path.join(ROOT, "pyproject.toml"), "--rootdir", ROOT, *options],
+                               cwd=elsewhere, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for name, options in RUNS.items()
     }
     results, late = {}, []
