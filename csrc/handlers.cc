@@ -65,12 +65,15 @@ ffi::Error Dispatch(ffi::ThreadPool pool, std::string_view call, int64_t key,
     return RunNative(*native, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets,
                      &pool);
   }
-  const auto& python = *std::get_if<PythonSite>(entry);
   if (!Py_IsInitialized()) return ErrorText(&site, "the Python interpreter is not running");
-  if (site.valid_levels != 0 && site.levels == 0) {
-    return RunPythonWholePadded(python, raw_args, raw_rets);
-  }
-  return RunPython(python, raw_args, raw_rets, &pool);
+  std::string why;
+  const PythonSite* python = EnterPython(std::get_if<PythonSite>(entry), key, call, &why);
+  if (python == nullptr) return ffi::Error(ffi::ErrorCode::kInvalidArgument, why);
+  ffi::Error result = python->valid_levels != 0 && python->levels == 0
+                          ? RunPythonWholePadded(*python, raw_args, raw_rets)
+                          : RunPython(*python, raw_args, raw_rets, &pool);
+  LeavePython(*python);
+  return result;
 }
 
 // The handler for concurrent native kernels: the kernel runs on XLA's

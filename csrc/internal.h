@@ -98,6 +98,13 @@ struct PythonSite : Site {
   // such bodies pay for a helper's GIL round trip only once in
   // kSerialAfterNoHelp walks (see RunPython).
   mutable std::atomic<int> serial_walks{0};
+  // Dispatches running this site now. A program may outlive the Python
+  // holders of its sites (an executable JAX still runs after it dropped its
+  // Python half): a release while a dispatch runs takes the handle's
+  // references and leaves the last dispatch to drop them (EnterPython,
+  // LeavePython, ReleaseSite in registry.cc).
+  mutable std::atomic<int64_t> in_flight{0};
+  mutable std::atomic<bool> finished{false};  // its references dropped (FinishRelease)
 };
 
 // New references to a site's callable and kwargs for one call; false once the
@@ -152,6 +159,12 @@ int64_t RegisterSite(int64_t key, std::string name, nb::handle callable, nb::byt
                      uintptr_t native_address, nb::handle native_kwargs, size_t valid_levels,
                      bool thread_safe);
 void ReleaseSite(int64_t serial);
+// The live Python site a dispatch may call now, counted as running until
+// LeavePython: `site`, or the site made anew for `key` if `site` was released
+// (the program outlived its holders); null with `error` set if none can be.
+const PythonSite* EnterPython(const PythonSite* site, int64_t key, std::string_view call,
+                              std::string* error);
+void LeavePython(const PythonSite& site);
 
 // ---- The GIL and shutdown (gil.cc) ------------------------------------------
 

@@ -196,31 +196,78 @@ int64_t RegisterSite(int64_t key, std::string name, nb::handle callable, nb::byt
   return site.serial;
 }
 
-// The handle of a site is gone (under the GIL): nothing may call it any more.
-// A call already running on another thread finishes with its own references
-// (CallOnce holds the callable and kwargs while it calls); later calls of the
-// key resolve it anew or fail with a message naming the op.
+// A released Python site's references, dropped once no dispatch runs it
+// (with the GIL; once).
+void FinishRelease(const PythonSite& site) {
+  if (site.finished.exchange(true, std::memory_order_acq_rel)) return;
+  auto& python = const_cast<PythonSite&>(site);
+  PyObject *callable, *kwargs_dump;
+  {
+#ifdef Py_GIL_DISABLED
+    std::lock_guard<std::mutex> refs(python.refs);
+#endif
+    callable = python.callable;
+    kwargs_dump = python.kwargs_dump;
+    python.callable = nullptr;
+    python.kwargs_dump = nullptr;
+  }
+  // Claimed like a call claims them; if a call has them, it drops them when it returns.
+  if (!python.cache_busy.exchange(true, std::memory_order_acquire)) {
+    Py_CLEAR(python.cached_in);
+    Py_CLEAR(python.cached_out);
+    python.cache_busy.store(false, std::memory_order_release);
+  }
+  Py_XDECREF(kwargs_dump);
+  Py_XDECREF(callable);
+}
+
+// The handle of a site is gone (under the GIL): nothing may look it up any
+// more. A dispatch already running it goes on with the references this takes
+// over from the handle, and the last such dispatch drops them; later calls of
+// the key make the site anew or fail with a message naming the op.
 void ReleaseSite(int64_t serial) {
   std::lock_guard<std::mutex> lock(g_register_mutex);
   if (serial < 0 || serial >= static_cast<int64_t>(g_all_sites.size())) return;
   AnySite& entry = *g_all_sites[serial];
   Site& site = std::visit([](Site& s) -> Site& { return s; }, entry);
-  if (!site.alive.exchange(false, std::memory_order_acq_rel)) return;
+  if (!site.alive.load(std::memory_order_seq_cst)) return;
+  auto* python = std::get_if<PythonSite>(&entry);
+  if (python != nullptr) {  // owned from here on: the handle lets them go after this returns
+    Py_XINCREF(python->callable);
+    Py_XINCREF(python->kwargs_dump);
+  }
+  site.alive.store(false, std::memory_order_seq_cst);
   g_num_live_sites.fetch_sub(1, std::memory_order_relaxed);
-  if (auto* python = std::get_if<PythonSite>(&entry)) {
-    {
-#ifdef Py_GIL_DISABLED
-      std::lock_guard<std::mutex> refs(python->refs);
-#endif
-      python->callable = nullptr;
-      python->kwargs_dump = nullptr;
+  // A dispatch that counts itself after this load sees the site released and never calls it.
+  if (python != nullptr && python->in_flight.load(std::memory_order_seq_cst) == 0) {
+    FinishRelease(*python);
+  }
+}
+
+const PythonSite* EnterPython(const PythonSite* site, int64_t key, std::string_view call,
+                              std::string* error) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    site->in_flight.fetch_add(1, std::memory_order_seq_cst);
+    if (site->alive.load(std::memory_order_seq_cst)) return site;
+    LeavePython(*site);
+    const AnySite* again = ResolveSite(key, call, error);
+    if (again == nullptr) return nullptr;
+    site = std::get_if<PythonSite>(again);
+    if (site == nullptr) {
+      *error = "jaxbind " + Common(*again).name +
+               ": the program runs a Python callback, but in this process it is a native kernel";
+      return nullptr;
     }
-    // Claimed like a call claims them; if a call has them, it drops them when it returns.
-    if (!python->cache_busy.exchange(true, std::memory_order_acquire)) {
-      Py_CLEAR(python->cached_in);
-      Py_CLEAR(python->cached_out);
-      python->cache_busy.store(false, std::memory_order_release);
-    }
+  }
+  *error = "jaxbind " + site->name + ": the op was freed while the program called it";
+  return nullptr;
+}
+
+void LeavePython(const PythonSite& site) {
+  if (site.in_flight.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+      !site.alive.load(std::memory_order_seq_cst)) {
+    GilHold gil;
+    if (gil.held()) FinishRelease(site);  // else the interpreter is ending: nothing to drop
   }
 }
 

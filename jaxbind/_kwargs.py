@@ -136,6 +136,13 @@ class Kwargs:
         self.dump = dump
         self._hash = hash(dump)
 
+    @classmethod
+    def from_dump(cls, dump: bytes) -> "Kwargs":
+        """Kwargs from bytes an earlier ``Kwargs`` of this process made (never foreign bytes)."""
+        kwargs = cls.__new__(cls)
+        kwargs.dump, kwargs._hash = dump, hash(dump)
+        return kwargs
+
     @property
     def values(self) -> dict:
         """The kwargs, unpickled anew (a snapshot taken when the op was called)."""

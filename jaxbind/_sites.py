@@ -25,15 +25,25 @@ this process defines that op now. Nothing else can be called: a program names
 ops, never addresses or callables, and kwargs from a program are read by a
 loader that builds only plain data.
 
-A site lives as long as its :class:`SiteHandle`, which the op's definition
-holds, and every compiled program that names it (the lowering adds the handle
-to the executable's keepalives). When the last goes, the handle releases the
-site, and with it the callback and whatever it captured.
+A site lives as long as its :class:`SiteHandle`, which every compiled program
+that names it holds (the lowering adds the handle to the executable's
+keepalives); the op's definition finds its sites weakly, so a long-lived op
+called with ever new kwargs keeps no site of a program that is gone. When the
+last holder goes, the handle releases the site, and with it the kwargs' bytes.
+JAX may still run a program after it dropped the Python half that holds the
+keepalives (an executable in flight, or one its C++ dispatch cache still
+holds): a dispatch running then finishes with the references the release
+hands it, and a later call of the released key makes the site anew from the
+call's description, through :func:`resolve`, like a program made elsewhere.
+For a key this process made, the description's kwargs are bytes this process
+wrote (the key is their digest), so they are read as the op wrote them; the
+definition keeps the last :data:`RESOLVED_KEPT` sites made so.
 """
 
 from __future__ import annotations
 
 import base64
+import collections
 import hashlib
 import io
 import json
@@ -46,7 +56,7 @@ import numpy as np
 
 from . import _trampoline
 from ._batch_types import NativeBatch, WalkBatch, as_batch
-from ._definition import JaxbindError, OpDef, Role
+from ._definition import JaxbindError, OpDef, Role, dtype_name
 from ._kwargs import Kwargs
 from ._native import NativeKernel, kernel_kwargs
 
@@ -57,6 +67,8 @@ SCHEMA = 1  # of the description; a program with another is refused, never guess
 _lock = threading.RLock()  # lowering (a Python thread) and resolve (XLA's) both register
 _live: "weakref.WeakValueDictionary[int, SiteHandle]" = weakref.WeakValueDictionary()
 _names: dict = {}  # op name -> _Name
+_made_here: set = set()  # keys of the sites this process registered from its own lowerings
+RESOLVED_KEPT = 64  # sites a definition keeps that were made anew for a program's key
 
 
 class SiteHandle:
@@ -117,8 +129,11 @@ def register_definition(definition: OpDef) -> None:
             index, name.next_index = name.next_index, name.next_index + 1
             name.defs.append((weakref.ref(definition), index))
         state["_index"] = index
-        state["_sites"] = {}  # (role, kwargs, batch, padded, avals) -> handle
-        state["_resolved"] = {}  # key -> handle, sites made for programs made elsewhere
+        # (role, kwargs, batch, padded, avals) -> handle, while a program holds it
+        state["_sites"] = weakref.WeakValueDictionary()
+        # key -> handle, sites made for programs made elsewhere or that outlived their
+        # holders, the newest last (at most RESOLVED_KEPT)
+        state["_resolved"] = collections.OrderedDict()
 
 
 def _definitions_named(name: str) -> list:
@@ -164,7 +179,11 @@ def _batch_from_json(value):
 
 
 def _avals_json(avals):
-    return [[list(a.shape), np.dtype(a.dtype).name] for a in avals]
+    return [[list(a.shape), dtype_name(a.dtype)] for a in avals]
+
+
+def _dtype_of(name: str):
+    return jax.dtypes.float0 if name == "float0" else np.dtype(name)
 
 
 def key_of(text: str) -> int:
@@ -225,6 +244,7 @@ def site_for(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: boo
             handle = _live.get(key)
             if handle is None:
                 handle = _register(role, kwargs, batch, callee_in, avals_out, padded, key, text)
+                _made_here.add(key)
             elif handle.description != text:  # two descriptions, one digest: never run either
                 raise JaxbindError(
                     f"jaxbind {role.label}: its call site's key collides with another site's "
@@ -300,18 +320,25 @@ def resolve(key: int, text: str) -> None:
         role = Role(definition, int(family), int(slot), int(n_fixed), tuple(int(s) for s in in_sizes))
         batch = _batch_from_json(description["batch"])
         padded = bool(description["padded"])
-        avals_in = tuple(jax.core.ShapedArray(tuple(s), np.dtype(t)) for s, t in description["in"])
-        avals_out = tuple(jax.core.ShapedArray(tuple(s), np.dtype(t)) for s, t in description["out"])
+        avals_in = tuple(jax.core.ShapedArray(tuple(s), _dtype_of(t)) for s, t in description["in"])
+        avals_out = tuple(jax.core.ShapedArray(tuple(s), _dtype_of(t)) for s, t in description["out"])
     except (KeyError, TypeError, ValueError) as err:
         raise JaxbindError(
             f"jaxbind {label}: the program's description of the call is not valid ({err}); "
             "was the program altered?") from None
-    kwargs = Kwargs(_load_plain(base64.b64decode(description["kwargs"]), label), name)
+    dump = base64.b64decode(description["kwargs"])
+    with _lock:
+        ours = key in _made_here  # then the bytes are this process's own (their digest is the key)
+    kwargs = Kwargs.from_dump(dump) if ours else Kwargs(_load_plain(dump, label), name)
     with _lock:
         handle = _live.get(key)
         if handle is None:
             handle = _register(role, kwargs, batch, avals_in, avals_out, padded, key, text)
-        _state(definition)["_resolved"][key] = handle  # lives as long as the op
+        resolved = _state(definition)["_resolved"]
+        resolved[key] = handle
+        resolved.move_to_end(key)
+        while len(resolved) > RESOLVED_KEPT:  # an older one is made anew if called again
+            resolved.popitem(last=False)
 
 
 def _read(text: str) -> dict:

@@ -254,3 +254,84 @@ def test_the_eager_cache_is_bounded():
         np.testing.assert_allclose(op(jnp.ones(1), k=k)[0], [2.0])
     assert len(_op._EAGER) <= _op.EAGER_CACHE_SIZE
     assert len(op._eager_keys) <= _op.EAGER_CACHE_SIZE + 1
+
+
+def scale_by_factor(out, args, kwargs_dump):
+    out[0][...] = jaxbind.load_kwargs(kwargs_dump)["factor"] * args[0]
+
+
+def test_a_long_lived_op_keeps_no_site_of_a_program_that_is_gone():
+    from jaxbind import _op
+    op = make_op("many_kwargs", f=scale_by_factor)
+    x = jnp.ones(3)
+    collect()
+    live_before = _trampoline.num_live_sites()
+    for k in range(300):  # a new jitted function per value, as a script's loop makes them
+        np.testing.assert_allclose(jax.jit(lambda v: op(v, factor=float(k))[0])(x), k * np.ones(3))
+    collect()
+    # (before: 300 more, one per value, for as long as the op lived; JAX's own caches may keep a few)
+    assert _trampoline.num_live_sites() - live_before < 20
+    for k in range(300):  # eager calls: the eager cache's size bounds them
+        np.testing.assert_allclose(op(x, factor=float(k))[0], k * np.ones(3))
+    collect()
+    assert _trampoline.num_live_sites() - live_before <= _op.EAGER_CACHE_SIZE + 20
+    np.testing.assert_allclose(jax.jit(lambda v: op(v, factor=0.5)[0])(x), 0.5 * np.ones(3))
+
+
+class Factor:  # a kwarg that is not plain data: a program made elsewhere could not carry it
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other):
+        return isinstance(other, Factor) and other.value == self.value
+
+    def __hash__(self):
+        return hash(self.value)
+
+
+def scale_by_object(out, args, kwargs_dump):
+    out[0][...] = jaxbind.load_kwargs(kwargs_dump)["factor"].value * args[0]
+
+
+def test_a_program_that_outlives_its_sites_holders_still_runs():
+    # JAX may run an executable after its Python half (which holds the sites)
+    # is gone: in flight, or from its C++ dispatch cache. Here the site's
+    # handle is released under a compiled program that still runs.
+    op = make_op("outlived", f=scale_by_object)
+    x = jnp.arange(3.0)
+    compiled = jax.jit(lambda v: op(v, factor=Factor(3.0))[0]).lower(x).compile()
+    np.testing.assert_allclose(compiled(x), 3 * x)
+    (key,) = [k for k, h in _sites._live.items() if "outlived" in h.description]
+    held = _sites._live.pop(key)  # as when its last holder is collected (its program lives on)
+    released = held.serial
+    live_before = _trampoline.num_live_sites()
+    _trampoline.release_site(released)
+    assert _trampoline.num_live_sites() == live_before - 1
+    for _ in range(3):  # made anew from the program's own description, its kwargs included
+        np.testing.assert_allclose(compiled(x), 3 * x)
+    remade = vars(op.definition)["_resolved"][key]
+    assert remade.serial != released and _sites._live[key] is remade
+    assert _trampoline.num_live_sites() == live_before
+
+
+def test_a_site_released_while_its_walk_runs_finishes_the_walk():
+    # The last holder of a site may go while XLA runs it (the collector, on
+    # another thread): the running dispatch keeps what it calls until it ends.
+    serials = []
+
+    def body(out, args, kwargs_dump):
+        if serials:  # as when the handle's last holder is collected
+            key, serial = serials.pop()
+            _sites._live.pop(key)
+            _trampoline.release_site(serial)
+        out[0][...] = jaxbind.load_kwargs(kwargs_dump)["factor"] * args[0]
+
+    op = jaxbind.get_nonlinear_call(body, None, like, None, name="released_mid_walk")
+    x = jnp.arange(12.0).reshape(4, 3)
+    f = jax.jit(jax.vmap(lambda v: op(v, factor=2.5)[0]))
+    lowered = f.lower(x).compile()
+    (handle,) = [h for h in _sites._live.values() if "released_mid_walk" in h.description]
+    serials.append((handle.key, handle.serial))
+    np.testing.assert_allclose(lowered(x), 2.5 * x)  # all 4 elements, the first releasing the site
+    assert not serials
+    np.testing.assert_allclose(lowered(x), 2.5 * x)  # and the next call makes it anew
