@@ -121,6 +121,8 @@ bool ViewKept(PyObject* view) {
 
 // Whether anything besides us (and the cache) holds a tuple or one of its views.
 bool Kept(PyObject* tuple, Py_ssize_t ours) {
+  // The empty tuple is CPython's one shared object (an op with no inputs): it views nothing.
+  if (PyTuple_GET_SIZE(tuple) == 0) return false;
   if (Py_REFCNT(tuple) != ours) return true;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); ++i) {
     if (ViewKept(PyTuple_GET_ITEM(tuple, i))) return true;
