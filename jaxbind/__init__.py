@@ -33,11 +33,12 @@ from ._export import export
 from ._kwargs import load_kwargs
 from ._native import NativeKernel, get_include, native
 from ._numba import numba_kernel
+from ._pure_callback import pure_callback
 from ._runtime import config
 from . import testing  # noqa: E402  (jaxbind.testing.check_op)
 
 __all__ = [
     "JaxbindError", "NativeKernel", "Op", "config", "export", "get_include", "get_linear_call", "get_nonlinear_call",
-    "load_kwargs", "native", "numba_kernel", "testing",
+    "load_kwargs", "native", "numba_kernel", "pure_callback", "testing",
 ]
 __version__ = "0.1.0"

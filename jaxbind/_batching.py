@@ -13,6 +13,11 @@ from ._validation import call_abstract, structs
 
 
 def jaxbind_batch(args, dims, *, role: Role, kwargs: Kwargs, batch: Batch):
+    if role.op.vmap_method is None:  # jaxbind.pure_callback's default, as jax.pure_callback's
+        raise NotImplementedError(
+            f"vmap is only supported for the {role.op.name} op when vmap_method is one of "
+            "'sequential', 'sequential_unrolled', 'expand_dims', 'broadcast_all', or "
+            "'legacy_vectorized'. Got vmap_method=None.")
     if role.op.func_can_batch:
         return _batch_native(args, dims, role, kwargs, as_batch(batch))
     return _batch_walk(args, dims, role, kwargs, as_batch(batch))
@@ -22,7 +27,8 @@ def _batch_walk(args, dims, role: Role, kwargs: Kwargs, batch):
     # Move each new batch axis to the front: levels are leading dimensions,
     # outermost first. "sequential": the handler walks them; otherwise the
     # callback gets them whole, with a size-1 axis where an input is not mapped
-    # ("expand_dims") or every input broadcast over the level ("broadcast_all").
+    # ("expand_dims") or every input broadcast over the level ("broadcast_all"),
+    # or an unmapped input as it is ("legacy_vectorized", pure_callback's).
     method = role.op.vmap_method
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     new_args, masks = [], []

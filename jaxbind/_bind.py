@@ -13,9 +13,17 @@ from ._jax_compat import Primitive, cast_to_common_vma
 
 jaxbind_p = Primitive("jaxbind")
 jaxbind_p.multiple_results = True
+# The same primitive for the calls of a pure_callback pinned to a device
+# (sharding=...): JAX must know the program's devices while lowering it, to
+# say which one runs the callback, and it asks that of a primitive.
+jaxbind_pinned_p = Primitive("jaxbind_pinned")
+jaxbind_pinned_p.multiple_results = True
+PRIMITIVES = (jaxbind_p, jaxbind_pinned_p)
 
 
 def bind(args, role, kwargs, batch=None):
     # Inside shard_map the inputs must vary over the same manual axes (see
     # cast_to_common_vma): every bind, the rules' included, goes through here.
-    return jaxbind_p.bind(*cast_to_common_vma(args), role=role, kwargs=kwargs, batch=batch)
+    placement = role.op.callback_sharding
+    primitive = jaxbind_p if placement is None or placement[1] is None else jaxbind_pinned_p
+    return primitive.bind(*cast_to_common_vma(args), role=role, kwargs=kwargs, batch=batch)

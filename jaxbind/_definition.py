@@ -33,6 +33,9 @@ import dataclasses
 import enum
 from typing import Callable, Optional, Tuple
 
+import jax
+import numpy as np
+
 from ._native import NativeKernel
 
 
@@ -134,6 +137,12 @@ class Family:
     linear: bool
 
 
+def dtype_name(dtype) -> str:
+    """A dtype's name in messages and descriptions (``float0``'s, not its record layout)."""
+    dtype = np.dtype(dtype)
+    return "float0" if dtype == jax.dtypes.float0 else dtype.name
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class OpDef:
     """Everything the user passed when creating an op.
@@ -151,13 +160,16 @@ class OpDef:
     vmap_method: str = "sequential"  # how vmap hands a batch to the callbacks (see _batch_types)
     n_residuals: int = 0  # arrays f writes after its outputs, for the derivatives only
     thread_safe: bool = False  # Python callbacks may run on several threads at once (walks spread)
+    # ("pure_callback", sharding) for an op made by jaxbind.pure_callback: placed, differentiated and
+    # vmapped (vmap_method None) as jax.pure_callback is; None for every other op.
+    callback_sharding: Optional[tuple] = None
 
     def __post_init__(self):  # parameters are hashed often while tracing: once is enough
         object.__setattr__(self, "_hash", hash(self._key()))
 
     def _key(self):
         return (self.kind, self.name, self.families, self.first_n_args_fixed, self.func_can_batch,
-                self.vmap_method, self.n_residuals, self.thread_safe)
+                self.vmap_method, self.n_residuals, self.thread_safe, self.callback_sharding)
 
     def __eq__(self, other):
         return isinstance(other, OpDef) and (self is other or self._key() == other._key())
@@ -180,6 +192,12 @@ class OpDef:
 
     def no_derivatives_error(self, requested: str) -> ValueError:
         """The error for differentiating an op made without derivatives."""
+        if self.callback_sharding is not None:  # jax.pure_callback's words, which code may test for
+            what = "transpose" if "transpose" in requested else "JVP"
+            rule = "jax.custom_vjp" if what == "transpose" else "jax.custom_jvp"
+            return ValueError(
+                f"Pure callbacks do not support {what}. Please use `{rule}` to use callbacks while "
+                f"taking gradients. (jaxbind op '{self.name}')")
         return ValueError(
             f"jaxbind op '{self.name}' was made without derivatives (f_derivative=None) and "
             f"cannot be differentiated: JAX asked for {requested}. Give it derivatives in JAX: "

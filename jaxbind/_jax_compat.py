@@ -14,6 +14,7 @@ except ImportError:  # pragma: no cover - older layouts
     from jax.interpreters.xla import apply_primitive  # type: ignore[attr-defined,no-redef]
 
 import jax
+import numpy as np
 from jax._src import core as _core
 
 # The abstract value of an array or tracer: jax.typeof from 0.6 on.
@@ -219,6 +220,37 @@ __all__ = [
     "cast_to_common_vma", "get_aval", "mlir", "register_batch_partitionable", "reshard_like",
     "runtime_error_of_fast_path", "set_frontend_attribute", "shaped_array", "sharding_spec", "varying_axes",
 ]
+
+
+def place_callback(ctx, results, sharding) -> None:
+    """Annotate a custom call as ``jax.pure_callback`` annotates its own.
+
+    A sharded program runs it once, on one device (``sharding``'s, default the
+    first of the program's); inside ``shard_map`` on every device. Nothing
+    outside a partitioned program.
+    """
+    from jax._src import callback as _callback
+    from jax._src.interpreters import mlir as _mlir
+    op_sharding = _callback._callback_op_sharding(ctx.module_context.axis_context, sharding, ctx.avals_out)
+    if op_sharding is not None:
+        _mlir.set_sharding(ctx.module_context, results[0].owner, op_sharding)
+
+
+def needs_devices_to_lower(primitive) -> None:
+    """Have JAX pass a program's devices to the lowering of programs that use ``primitive``."""
+    from jax._src import dispatch as _dispatch
+    _dispatch.prim_requires_devices_during_lowering.add(primitive)
+
+
+def at_top_level() -> bool:
+    """Whether no trace is active (a call runs eagerly, as JAX's impl rules do)."""
+    from jax._src import core as _core
+    return isinstance(_core.trace_ctx.trace, _core.EvalTrace)
+
+
+def canonicalize_dtype(dtype):
+    """The dtype JAX would give an array of ``dtype`` (64-bit types narrowed without x64)."""
+    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
 
 def add_keepalive(ctx, obj) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 from ._batch_types import Batch, as_batch
 from ._definition import Role
 from ._jax_compat import (add_keepalive, auto_device_count, batch_partitioning_attributes, lowering_for_export,
-                          mlir, set_frontend_attribute)
+                          mlir, place_callback, set_frontend_attribute)
 from ._kwargs import Kwargs
 from ._runtime import ASYNC_TARGET, TARGET
 from ._sites import check_exportable, describe, site_for
@@ -56,7 +56,10 @@ def _validity(ctx, levels: int, padded: tuple):
 
 def jaxbind_lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
     target = ASYNC_TARGET if getattr(role.callback, "concurrent", False) else TARGET
-    levels = as_batch(batch).partitionable_levels()
+    placement = role.op.callback_sharding  # jaxbind.pure_callback's: placed as jax.pure_callback is
+    pinned = placement is not None and placement[1] is not None
+    # A batch XLA may split over devices, unless the callback is pinned to one device.
+    levels = 0 if pinned else as_batch(batch).partitionable_levels()
     padded = _padded_levels(ctx, levels)
     avals_in = tuple(ctx.avals_in)
     if padded:  # padding elements must never reach the callback
@@ -73,4 +76,6 @@ def jaxbind_lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
     rule = _ffi_lowerings[target] if not levels else jax.ffi.ffi_lowering(
         target, extra_attributes=batch_partitioning_attributes(ctx, levels, avals_in))
     results = rule(ctx.replace(avals_in=avals_in), *args, jaxbind=text, site=np.int64(key))
+    if placement is not None and not levels and results:
+        place_callback(ctx, results, placement[1])
     return set_frontend_attribute(results, "jaxbind_op", role.op.name)  # the name in the HLO

@@ -13,23 +13,25 @@ from ._abstract import jaxbind_abstract_eval
 from ._autodiff import jaxbind_jvp, jaxbind_transpose
 from ._batch_types import NativeBatch, WalkBatch  # noqa: F401  (the batch parameter's types)
 from ._batching import jaxbind_batch
-from ._bind import bind, jaxbind_p
+from ._bind import PRIMITIVES, bind, jaxbind_p, jaxbind_pinned_p
 from ._definition import Role
-from ._jax_compat import ad, apply_primitive, batching, hold_weakly_in_jax_caches, mlir
+from ._jax_compat import ad, apply_primitive, batching, hold_weakly_in_jax_caches, mlir, needs_devices_to_lower
 from ._lowering import jaxbind_lowering
 from ._runtime import ASYNC_TARGET, SUPPORTED_DTYPES, TARGET  # noqa: F401
 from ._validation import is_differentiable  # noqa: F401
 
-__all__ = ["SUPPORTED_DTYPES", "bind", "is_differentiable", "jaxbind_p"]
+__all__ = ["SUPPORTED_DTYPES", "bind", "is_differentiable", "jaxbind_p", "jaxbind_pinned_p"]
 
 # ---------------------------------------------------------------------------
 # Registration: the only place the primitive meets JAX's rule tables
 # ---------------------------------------------------------------------------
 
-jaxbind_p.def_impl(functools.partial(apply_primitive, jaxbind_p))
-jaxbind_p.def_abstract_eval(jaxbind_abstract_eval)
-ad.primitive_jvps[jaxbind_p] = jaxbind_jvp
-ad.primitive_transposes[jaxbind_p] = jaxbind_transpose
-batching.primitive_batchers[jaxbind_p] = jaxbind_batch
-mlir.register_lowering(jaxbind_p, jaxbind_lowering, platform="cpu")
+for _p in PRIMITIVES:
+    _p.def_impl(functools.partial(apply_primitive, _p))
+    _p.def_abstract_eval(jaxbind_abstract_eval)
+    ad.primitive_jvps[_p] = jaxbind_jvp
+    ad.primitive_transposes[_p] = jaxbind_transpose
+    batching.primitive_batchers[_p] = jaxbind_batch
+    mlir.register_lowering(_p, jaxbind_lowering, platform="cpu")
+needs_devices_to_lower(jaxbind_pinned_p)
 hold_weakly_in_jax_caches(Role)  # the parameter that holds an op's definition

@@ -11,16 +11,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._definition import CallbackKind, JaxbindError, Role, _name_of
+from ._definition import CallbackKind, JaxbindError, Role, _name_of, dtype_name
 from ._kwargs import Kwargs
 from ._runtime import SUPPORTED_DTYPES
 
 
 def check_dtype(dtype, role: Role, what: str):
-    if np.dtype(dtype) not in SUPPORTED_DTYPES:
+    dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED_DTYPES and dtype != jax.dtypes.float0:
         raise TypeError(
-            f"jaxbind {role.label}: {what} has dtype {np.dtype(dtype)}, which jaxbind cannot "
-            f"pass to a callback. Supported: {', '.join(sorted(str(d) for d in SUPPORTED_DTYPES))}."
+            f"jaxbind {role.label}: {what} has dtype {dtype_name(dtype)}, which jaxbind cannot "
+            f"pass to a callback. Supported: "
+            f"{', '.join(sorted(dtype_name(d) for d in SUPPORTED_DTYPES))}, and float0 (tangents "
+            "of integers, which reach a callback as bool arrays of zeros)."
         )
 
 
