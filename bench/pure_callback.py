@@ -11,6 +11,11 @@ thread). The sequential vmap of 64 rows is timed per jitted call
 (``_timing.median_seconds``, interleaved). Both APIs get the same callback
 (``np.multiply(x, 2)``, returned as a new array, as pure_callback callbacks
 are written); results are checked against jax.numpy before timing.
+
+Last, the porting guide's worked example (docs/guides/porting.md: a SciPy solve
+under custom_vjp, with jax.pure_callback, ported by name, and as an op with its
+own derivatives): its testcode blocks are run here as they are, and the three
+jitted gradients timed per call, interleaved.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import warnings
 
 import jax
@@ -29,7 +35,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxbind  # noqa: E402
-from _timing import fori_per_call, median_seconds  # noqa: E402  (bench/ is the script folder)
+from _timing import looped, median_seconds, timed, trip_count  # noqa: E402  (bench/ is the script folder)
 
 
 # y = 2 x applied a million times overflows to inf: harmless here (and NumPy's
@@ -50,12 +56,27 @@ def via(api, vmap_method=None):
 APIS = {"jax.pure_callback": jax.pure_callback, "jaxbind.pure_callback": jaxbind.pure_callback}
 
 
+def interleaved_per_call(bodies, x, worker, repeats, target):
+    """``_timing.fori_per_call`` for several bodies, their repetitions interleaved (a busy moment of
+    the machine then falls on all of them): seconds per call of each, medians."""
+    fns = [looped(body, worker) for body in bodies]
+    for fn in fns:
+        jax.block_until_ready(fn(x, 2))
+    ks = [trip_count(fn, x, target) for fn in fns]
+    samples = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, k, sample in zip(fns, ks, samples):
+            t0 = timed(fn, x, 0)
+            sample.append((timed(fn, x, k) - t0) / k)
+    return [float(np.median(sample)) for sample in samples]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--json", help="write the results here")
     options = parser.parse_args()
-    repeats, target = (3, 0.05) if options.quick else (7, 0.1)
+    repeats, target = (3, 0.05) if options.quick else (9, 0.1)
     results = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "jax": jax.__version__,
                "per_call_us": {}, "vmap64_us": {}, "ratios": {}}
     for n in (1, 1000):
@@ -63,8 +84,8 @@ def main():
         for name, api in APIS.items():
             np.testing.assert_allclose(jax.jit(via(api))(x), 2 * x)
         for where, worker in (("caller thread", False), ("worker thread", True)):
-            row = {name: fori_per_call(via(api), x, worker, repeats, target) * 1e6
-                   for name, api in APIS.items()}
+            seconds = interleaved_per_call([via(api) for api in APIS.values()], x, worker, repeats, target)
+            row = {name: s * 1e6 for name, s in zip(APIS, seconds)}
             results["per_call_us"][f"n={n}, {where}"] = row
             ratio = row["jaxbind.pure_callback"] / row["jax.pure_callback"]
             results["ratios"][f"per call, n={n}, {where}"] = ratio
@@ -80,6 +101,18 @@ def main():
     results["ratios"]["sequential vmap, 64 rows of 1000"] = ratio
     print(f"sequential vmap, 64 rows of 1000: jax {seconds[0] * 1e6:8.1f} us, jaxbind "
           f"{seconds[1] * 1e6:6.1f} us, ratio 1/{1 / ratio:.1f}")
+    guide = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "docs", "guides", "porting.md")
+    with open(guide) as f:
+        blocks = re.findall(r"```\{testcode\}\n(.*?)```", f.read(), re.S)
+    space = {}
+    for block in blocks:
+        exec(block, space)  # the guide's own code (it checks its results against each other)
+    a, b, loss = space["a"], space["b"], space["loss"]
+    grads = {name: loss(space[name]) for name in ("solve_jax", "solve_port", "solve_own")}
+    seconds = median_seconds([lambda g=g: g(a, b) for g in grads.values()], 50 if options.quick else 200)
+    results["guide_example_grad_us"] = {name: s * 1e6 for name, s in zip(grads, seconds)}
+    for name, s in zip(grads, seconds):
+        print(f"guide example, jitted grad, {name}: {s * 1e6:7.1f} us, ratio 1/{seconds[0] / s:.1f}")
     if options.json:
         with open(options.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -55,6 +55,8 @@ def _name_of(callback) -> str:
 def _holder(callback):
     """The object whose ``__dict__`` keeps the callback's ops, or None."""
     owner = callback.__self__ if isinstance(callback, types.MethodType) else callback
+    if isinstance(owner, type):  # a classmethod's class: its __dict__ is a read-only mapping
+        return None
     try:
         vars(owner)
     except TypeError:
@@ -64,6 +66,9 @@ def _holder(callback):
 
 def _op_for(callback, in_tree, vmap_method, sharding) -> Op:
     key = (in_tree, _OP_METHOD.get(vmap_method, vmap_method), sharding)
+    method = isinstance(callback, types.MethodType)  # a new object at each attribute access
+    if method:
+        key = (callback.__func__,) + key
     holder = _holder(callback)
     with _lock:
         if holder is None:
@@ -79,7 +84,7 @@ def _op_for(callback, in_tree, vmap_method, sharding) -> Op:
                     table, key = _permanent, (callback,) + key
         entry = table.get(key)
         # (a wrapper made by functools.wraps copies the wrapped function's __dict__, table included)
-        if entry is not None and entry[0] is callback:
+        if entry is not None and (entry[0] is callback or (method and entry[0] == callback)):
             return entry[1]
         op = _make_op(callback, in_tree, key[-2], sharding)
         table[key] = (callback, op)
@@ -230,6 +235,9 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
 
     Raises
     ------
+    TypeError
+        If a leaf of ``result_shape_dtypes`` has no ``.shape`` or ``.dtype``, or
+        ``sharding`` is not a ``jax.sharding.Sharding``.
     ValueError
         Under ``jax.grad``/``jax.jvp`` (as JAX's does: wrap it in
         ``jax.custom_jvp`` or ``jax.custom_vjp``), for an unknown

@@ -351,3 +351,25 @@ def test_sharded_jit_shard_map_and_pmap_as_jax_does():
     assert results["jaxbind"]["pinned_to_last"]
     np.testing.assert_allclose(results["jaxbind"]["manual"], np.arange(8.0) + np.tile(np.arange(2.0), 4))
     np.testing.assert_allclose(results["jaxbind"]["whole"], 2 * np.arange(8.0))
+
+
+def test_a_bound_method_keeps_one_op_and_frees_its_object():
+    class Solver:
+        def __init__(self, k):
+            self.k, self.big = k, np.full(10**5, float(k))
+
+        def apply(self, v):
+            return v * self.k
+
+    from jaxbind import _pure_callback
+    x = jnp.arange(3.0)
+    solver = Solver(3)
+    for _ in range(3):  # solver.apply is a new object each time: still one op
+        np.testing.assert_allclose(pc(solver.apply, like(x), x), 3 * x)
+        np.testing.assert_allclose(jax.jit(lambda v: pc(solver.apply, like(v), v))(x), 3 * x)
+    assert len(vars(solver)[_pure_callback._TABLE]) == 1
+    ref = weakref.ref(solver.big)
+    del solver
+    jax.clear_caches()
+    gc.collect()
+    assert ref() is None
