@@ -40,10 +40,20 @@ int64_t NumElements(const XLA_FFI_Buffer* buf) {
   return n;
 }
 
-void FillSentinel(size_t n_out, void* const* outs) {
+// Whether an output is an input's own buffer (an output updated in place,
+// `inplace=`): it holds the input's values, which the callback may rightly leave.
+bool UpdatedInPlace(const XLA_FFI_Buffer* out, size_t n_in, void* const* ins) {
+  for (size_t i = 0; i < n_in; ++i) {
+    if (static_cast<const XLA_FFI_Buffer*>(ins[i])->data == out->data) return true;
+  }
+  return false;
+}
+
+void FillSentinel(size_t n_in, void* const* ins, size_t n_out, void* const* outs) {
   unsigned char pattern[kMaxSentinel];
   for (size_t k = 0; k < n_out; ++k) {
     auto* buf = static_cast<XLA_FFI_Buffer*>(outs[k]);
+    if (UpdatedInPlace(buf, n_in, ins)) continue;
     const size_t width = Sentinel(buf->dtype, pattern);
     auto* data = static_cast<unsigned char*>(buf->data);
     const int64_t n = NumElements(buf);
@@ -54,10 +64,11 @@ void FillSentinel(size_t n_out, void* const* outs) {
 }
 
 // Empty, or the message naming the first output element still holding the sentinel.
-std::string FindUnwritten(size_t n_out, void* const* outs) {
+std::string FindUnwritten(size_t n_in, void* const* ins, size_t n_out, void* const* outs) {
   unsigned char pattern[kMaxSentinel];
   for (size_t k = 0; k < n_out; ++k) {
     auto* buf = static_cast<XLA_FFI_Buffer*>(outs[k]);
+    if (UpdatedInPlace(buf, n_in, ins)) continue;
     const size_t width = Sentinel(buf->dtype, pattern);
     const auto* data = static_cast<const unsigned char*>(buf->data);
     const int64_t n = NumElements(buf);

@@ -225,8 +225,8 @@ void RetireArray(nb::handle array);
 
 extern std::atomic<bool> g_check_unwritten;
 extern std::atomic<bool> g_spread_walks;
-void FillSentinel(size_t n_out, void* const* outs);
-std::string FindUnwritten(size_t n_out, void* const* outs);
+void FillSentinel(size_t n_in, void* const* ins, size_t n_out, void* const* outs);
+std::string FindUnwritten(size_t n_in, void* const* ins, size_t n_out, void* const* outs);
 
 // ---- Calls (python_call.cc, native_call.cc, padded.cc) ---------------------
 

@@ -172,10 +172,10 @@ ffi::Error RunNativeWalk(const NativeSite& site, size_t n_in, void* const* ins, 
 ffi::Error RunNativeChecked(const NativeSite& site, size_t n_in, void* const* ins, size_t n_out,
                             void* const* outs, ffi::ThreadPool* pool) {
   const bool check = g_check_unwritten.load(std::memory_order_relaxed);
-  if (check) FillSentinel(n_out, outs);
+  if (check) FillSentinel(n_in, ins, n_out, outs);
   ffi::Error result = RunNativeWalk(site, n_in, ins, n_out, outs, pool);
   if (result.success() && check) {
-    std::string unwritten = FindUnwritten(n_out, outs);
+    std::string unwritten = FindUnwritten(n_in, ins, n_out, outs);
     if (!unwritten.empty()) return ErrorText(&site, "native kernel: " + unwritten);
   }
   return result;

@@ -178,7 +178,7 @@ ffi::Error RunPython(const PythonSite& site, const XLA_FFI_Args* args, const XLA
     return ErrorText(&site, "the callback was not run: the Python interpreter is shutting down");
   }
   const bool check = g_check_unwritten.load(std::memory_order_relaxed);
-  if (check) FillSentinel(rets->size, rets->rets);
+  if (check) FillSentinel(args->size, args->args, rets->size, rets->rets);
   std::string error;
   bool ok = false;
   auto call_range = [&](int64_t begin, int64_t end) {
@@ -215,7 +215,7 @@ ffi::Error RunPython(const PythonSite& site, const XLA_FFI_Args* args, const XLA
   }
 #endif
   if (ok && check) {
-    std::string unwritten = FindUnwritten(rets->size, rets->rets);
+    std::string unwritten = FindUnwritten(args->size, args->args, rets->size, rets->rets);
     if (!unwritten.empty()) return ErrorText(&site, unwritten);
   }
   if (ok) return ffi::Error::Success();

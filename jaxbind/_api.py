@@ -72,6 +72,32 @@ def _check_thread_safe(name: str, thread_safe) -> bool:
     return bool(thread_safe)
 
 
+def _check_inplace(name: str, inplace) -> tuple:
+    """``inplace={output: argument}`` as sorted (output, argument) pairs; indices count every argument."""
+    if inplace is None:
+        return ()
+    if not isinstance(inplace, dict):
+        raise TypeError(
+            f"jaxbind op '{name}': inplace must be a dict {{output index: argument index}}, got {inplace!r:.100}.")
+    pairs = []
+    for out, arg in inplace.items():
+        for what, index in (("output", out), ("argument", arg)):
+            if isinstance(index, (bool, np.bool_)) or not isinstance(index, numbers.Integral) or index < 0:
+                raise ValueError(
+                    f"jaxbind op '{name}': inplace maps {out!r} to {arg!r}: the {what} index must be a "
+                    "non-negative integer (outputs in the order the abstract returns them, arguments "
+                    "counting the fixed ones).")
+        pairs.append((int(out), int(arg)))
+    args = [a for _, a in pairs]
+    shared = sorted({a for a in args if args.count(a) > 1})
+    if shared:
+        outs = [o for o, a in sorted(pairs) if a == shared[0]]
+        raise ValueError(
+            f"jaxbind op '{name}': inplace puts outputs {outs} on argument {shared[0]}: an argument's "
+            "memory can hold one output; give the other outputs memory of their own.")
+    return tuple(sorted(pairs))
+
+
 def _check_flags(name: str, first_n_args_fixed, func_can_batch, vmap_method):
     if isinstance(first_n_args_fixed, bool) or not isinstance(first_n_args_fixed, numbers.Integral) \
             or first_n_args_fixed < 0:
@@ -113,6 +139,7 @@ def get_linear_call(
     name: Optional[str] = None,
     vmap_method: str = "sequential",
     thread_safe: bool = False,
+    inplace: Optional[dict] = None,
 ) -> Op:
     """Create a JAX op from a linear (or multilinear) function and its transpose(s).
 
@@ -209,6 +236,19 @@ def get_linear_call(
         stay on the calling thread. Off by default: the callbacks must not
         rely on running alone. Native kernels are walked in parallel
         whatever this says.
+    inplace : dict, optional
+        ``{output index: argument index}`` (arguments counted with the fixed
+        ones): output *i* is argument *j* updated in place. The callback
+        finds ``out[i]`` already holding argument *j*'s values and writes
+        its result there; XLA passes the argument's own buffer when nothing
+        else needs it (a donated argument, a loop carry, a dead
+        intermediate) and a copy otherwise, so an argument used later is
+        never changed. ``args[j]`` and ``out[i]`` may then be the same
+        memory: read each element before writing it. Output and argument
+        need the same shape and dtype. Only the forward call is in place;
+        the derivative and transpose callbacks run out of place. Under
+        ``vmap`` each element's output is that element's argument (an
+        unmapped argument is broadcast first).
 
     Returns
     -------
@@ -304,7 +344,7 @@ def get_linear_call(
         )
         kind = OpKind.LINEAR
     return Op(OpDef(kind, name, (family,), first_n_args_fixed, func_can_batch, vmap_method,
-                    thread_safe=_check_thread_safe(name, thread_safe)))
+                    thread_safe=_check_thread_safe(name, thread_safe), inplace=_check_inplace(name, inplace)))
 
 
 def get_nonlinear_call(
@@ -320,6 +360,7 @@ def get_nonlinear_call(
     vmap_method: str = "sequential",
     n_residuals: int = 0,
     thread_safe: bool = False,
+    inplace: Optional[dict] = None,
 ) -> Op:
     """Create a JAX op from a nonlinear function with its jvp and vjp.
 
@@ -383,6 +424,9 @@ def get_nonlinear_call(
     thread_safe : bool, default False
         The Python callbacks may run on several threads at once (see
         :func:`jaxbind.get_linear_call`).
+    inplace : dict, optional
+        ``{output index: argument index}``: output *i* is argument *j*
+        updated in place (see :func:`jaxbind.get_linear_call`).
 
     Returns
     -------
@@ -449,7 +493,7 @@ def get_nonlinear_call(
                 "abstract_reverse is given; pass None for both, or give f_derivative=(f_jvp, f_vjp)."
             )
         return Op(OpDef(OpKind.NONLINEAR, name, (forward,), first_n_args_fixed, func_can_batch, vmap_method,
-                        n_residuals, _check_thread_safe(name, thread_safe)))
+                        n_residuals, _check_thread_safe(name, thread_safe), inplace=_check_inplace(name, inplace)))
     if not isinstance(f_derivative, (tuple, list)) or len(f_derivative) != 2:
         raise TypeError(
             f"jaxbind op '{name}': f_derivative must be a pair (f_jvp, f_vjp), or None for an op "
@@ -475,4 +519,5 @@ def get_nonlinear_call(
         kinds=(CallbackKind.VJP, CallbackKind.JVP), labels=("vjp callback", "jvp callback"), linear=True,
     )
     return Op(OpDef(OpKind.NONLINEAR, name, (forward, derivative), first_n_args_fixed, func_can_batch,
-                    vmap_method, n_residuals, _check_thread_safe(name, thread_safe)))
+                    vmap_method, n_residuals, _check_thread_safe(name, thread_safe),
+                    inplace=_check_inplace(name, inplace)))

@@ -32,10 +32,13 @@ def _batch_walk(args, dims, role: Role, kwargs: Kwargs, batch):
     method = role.op.vmap_method
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     new_args, masks = [], []
-    for x, d, mask in zip(args, dims, batch.masks_for(len(args))):
+    in_place = {arg for _, arg in role.aliases}
+    for i, (x, d, mask) in enumerate(zip(args, dims, batch.masks_for(len(args)))):
         mapped = d is not None
         if mapped:
             x = jnp.moveaxis(x, d, 0) if d != 0 else x
+        elif i in in_place:  # an output updated in place is batched: so must its argument be
+            x, mapped = jnp.broadcast_to(x, (size,) + jnp.shape(x)), True
         elif method == "expand_dims":
             x = jnp.expand_dims(x, 0)
         elif method == "broadcast_all":
@@ -50,8 +53,9 @@ def _batch_native(args, dims, role: Role, kwargs: Kwargs, batch):
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     sizes = batch.sizes
     new_args, in_axes = [], []
+    in_place = {arg for _, arg in role.aliases}
     for i, (x, d, axes) in enumerate(zip(args, dims, batch.in_axes_for(len(args)))):
-        if d is None and (axes or i >= role.n_fixed):
+        if d is None and (axes or i >= role.n_fixed or i in in_place):
             # Keep every input mapped at all levels or at none, so that
             # batch_axes is unambiguous; and differentiable inputs at all
             # levels, so that transposes produce cotangents at every level.

@@ -163,13 +163,15 @@ class OpDef:
     # ("pure_callback", sharding) for an op made by jaxbind.pure_callback: placed, differentiated and
     # vmapped (vmap_method None) as jax.pure_callback is; None for every other op.
     callback_sharding: Optional[tuple] = None
+    # ((output, argument), ...): forward outputs that are arguments updated in place (see _lowering)
+    inplace: Tuple[Tuple[int, int], ...] = ()
 
     def __post_init__(self):  # parameters are hashed often while tracing: once is enough
         object.__setattr__(self, "_hash", hash(self._key()))
 
     def _key(self):
         return (self.kind, self.name, self.families, self.first_n_args_fixed, self.func_can_batch,
-                self.vmap_method, self.n_residuals, self.thread_safe, self.callback_sharding)
+                self.vmap_method, self.n_residuals, self.thread_safe, self.callback_sharding, self.inplace)
 
     def __eq__(self, other):
         return isinstance(other, OpDef) and (self is other or self._key() == other._key())
@@ -286,6 +288,11 @@ class Role:
     def what(self) -> str:
         """What the callback is, in words (``"transpose callback"``), for messages."""
         return self.op.families[self.family].labels[self.slot]
+
+    @property
+    def aliases(self) -> Tuple[Tuple[int, int], ...]:
+        """(output, input) pairs this call updates in place: the op's ``inplace``, forward calls only."""
+        return self.op.inplace if self.callback_kind is CallbackKind.FORWARD else ()
 
     @property
     def is_jvp(self) -> bool:

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._batch_types import Batch, as_batch
-from ._definition import Role
+from ._definition import JaxbindError, Role
 from ._jax_compat import (add_keepalive, auto_device_count, batch_partitioning_attributes, lowering_for_export,
                           mlir, place_callback, set_frontend_attribute)
 from ._kwargs import Kwargs
@@ -54,6 +54,26 @@ def _validity(ctx, levels: int, padded: tuple):
     return (value[0] if isinstance(value, (list, tuple)) else value), aval
 
 
+def _aliases(ctx, role: Role) -> dict:
+    """{operand: result} for the outputs updated in place: XLA gives each its operand's buffer.
+
+    XLA's buffer assignment passes the operand's own buffer when nothing reads
+    it after the call (a donated parameter, a loop carry, a dead intermediate)
+    and copies it into the output first otherwise, so the caller's value is
+    never changed.
+    """
+    aliases = {}
+    for out, arg in role.aliases:
+        given, made = ctx.avals_in[arg], ctx.avals_out[out]
+        if given.shape != made.shape or given.dtype != made.dtype:  # (the batching rules align them)
+            raise JaxbindError(
+                f"jaxbind {role.label}: inplace maps output {out} to argument {arg}, but in this "
+                f"program they are {made.str_short()} and {given.str_short()}; an output updated in "
+                "place must have its argument's shape, dtype and batch layout.")
+        aliases[arg] = out
+    return aliases
+
+
 def jaxbind_lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
     target = ASYNC_TARGET if getattr(role.callback, "concurrent", False) else TARGET
     placement = role.op.callback_sharding  # jaxbind.pure_callback's: placed as jax.pure_callback is
@@ -73,8 +93,12 @@ def jaxbind_lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
         handle = site_for(role, kwargs, batch, avals_in, ctx.avals_out, bool(padded))
         add_keepalive(ctx, handle)  # the site lives as long as the compiled program
         text, key = handle.description, handle.key
-    rule = _ffi_lowerings[target] if not levels else jax.ffi.ffi_lowering(
-        target, extra_attributes=batch_partitioning_attributes(ctx, levels, avals_in))
+    aliases = _aliases(ctx, role)
+    if not levels and not aliases:
+        rule = _ffi_lowerings[target]
+    else:
+        extra = batch_partitioning_attributes(ctx, levels, avals_in) if levels else None
+        rule = jax.ffi.ffi_lowering(target, extra_attributes=extra, operand_output_aliases=aliases or None)
     results = rule(ctx.replace(avals_in=avals_in), *args, jaxbind=text, site=np.int64(key))
     if placement is not None and not levels and results:
         place_callback(ctx, results, placement[1])

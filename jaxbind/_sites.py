@@ -150,7 +150,7 @@ def _definitions_named(name: str) -> list:
 
 def _structure(definition: OpDef) -> dict:
     """What must match between the op a program was made with and the one it runs."""
-    return {
+    structure = {
         "kind": str(definition.kind),
         "fixed": definition.first_n_args_fixed,
         "can_batch": definition.func_can_batch,
@@ -158,6 +158,9 @@ def _structure(definition: OpDef) -> dict:
         "residuals": definition.n_residuals,
         "callbacks": [len(family.callbacks) for family in definition.families],
     }
+    if definition.inplace:  # (only then: the descriptions, and so the keys, of other ops stay as they were)
+        structure["inplace"] = [list(pair) for pair in definition.inplace]
+    return structure
 
 
 def _batch_json(batch):

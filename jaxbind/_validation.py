@@ -120,6 +120,31 @@ def _raise_abstract_failure(role: Role, err: Exception):
     raise err
 
 
+def check_inplace(role: Role, structs, outs, batch_axes=None):
+    """Each in-place output is its argument: an output and an argument there are, of one shape and dtype."""
+    for out, arg in role.aliases:
+        where = f"jaxbind {role.label}: inplace maps output {out} to argument {arg}"
+        if out >= len(outs):
+            raise ValueError(f"{where}, but its abstract declares {len(outs)} output(s) "
+                             "(residuals counted); map an output the op has.")
+        if arg >= len(structs):
+            raise ValueError(f"{where}, but the op was called with {len(structs)} argument(s) "
+                             "(the fixed ones counted); map an argument the op is called with.")
+        shape, dtype, axis = outs[out]
+        given = structs[arg]
+        if tuple(given.shape) != tuple(shape) or np.dtype(given.dtype) != np.dtype(dtype):
+            raise ValueError(
+                f"{where}, but the output is {dtype_name(dtype)}{list(shape)} and the argument "
+                f"{dtype_name(given.dtype)}{list(given.shape)}: an output updated in place has its "
+                "argument's shape and dtype.")
+        arg_axes = batch_axes[arg] if batch_axes is not None else None
+        if axis is not None and arg_axes and arg_axes[-1] != axis:
+            raise ValueError(
+                f"{where}, but under vmap the abstract puts the output's batch axis at {axis} and the "
+                f"argument's is at {arg_axes[-1]}: return the argument's batch axis for an output "
+                "updated in place.")
+
+
 def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axis=False):
     """Run the user's abstract for ``role`` and check what it returns.
 
@@ -191,6 +216,8 @@ def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axi
                 )
             axis = int(axis) % len(shape)
         outs.append((shape, dtype, axis))
+    if role.aliases:
+        check_inplace(role, structs, outs, None if batch_axes is None else role.abstract_inputs(batch_axes))
     if role.declares_residuals:
         k = role.op.n_residuals
         if len(outs) <= k:
