@@ -41,7 +41,7 @@ __all__ = ["OpCheck", "check_op"]
 def check_op(op: Op, /, *args, fd_rtol: Optional[float] = None, **kwargs) -> OpCheck:
     """Check an op on the given arguments, as ``torch.library.opcheck`` does for PyTorch.
 
-    Checks, on the arguments given (see the README section "Checking an op"):
+    Checks, on the arguments given (see the guide "Checking an op", docs/guides/checking.md):
     the outputs against the abstract (fully written, finite), eager against
     jit; for linear and multilinear ops linearity (all linear arguments
     jointly for a linear op, each one for a multilinear op) and the dot-product

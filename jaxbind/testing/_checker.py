@@ -19,6 +19,15 @@ from ._linear import LinearChecks
 from ._report import Failure, OpCheck
 
 
+def distinct_digits(a: float, b: float):
+    """``a`` and ``b`` as text with as many significant digits as tell them apart (6 to 17)."""
+    for digits in range(6, 18):
+        left, right = f"{a:.{digits}g}", f"{b:.{digits}g}"
+        if left != right:
+            return left, right
+    return f"{a:.6g}", f"{b:.6g}"
+
+
 class Checker(LinearChecks, DerivativeChecks, BatchingChecks):
     """One run of check_op: the shared helpers and the order of the checks; the checks are in the mixins."""
 
@@ -144,7 +153,8 @@ class Checker(LinearChecks, DerivativeChecks, BatchingChecks):
         error, magnitude = abs(lhs - rhs), max(abs(lhs), abs(rhs))
         left, right = names.split(" == ")
         if not error <= tolerance:
-            self.fail(check, label, f"with {what}, {left} = {lhs:.6g} but {right} = {rhs:.6g}{detail}",
+            a, b = distinct_digits(lhs, rhs)
+            self.fail(check, label, f"with {what}, {left} = {a} but {right} = {b}{detail}",
                       _relative(error, magnitude) if magnitude else math.inf, _relative(tolerance, magnitude))
         if error == 0:
             worst.offer(0.0, _relative(tolerance, magnitude) if magnitude else 0.0)

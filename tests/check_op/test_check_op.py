@@ -313,3 +313,11 @@ def test_catches_a_jvp_abstract_with_another_dtype():
     with pytest.raises(AssertionError, match=r"'sine': jvp against central differences failed for argument 0: "
                                              r"the tangent of output 0 has shape \(3,\) and dtype float32"):
         check_op(op, X)
+
+
+def test_a_failing_pairing_prints_numbers_that_differ():
+    from jaxbind.testing._checker import distinct_digits
+    assert distinct_digits(0.943, 0.943) == ("0.943", "0.943")
+    a, b = distinct_digits(0.94312345678, 0.94312349999)
+    assert a != b and float(a) != float(b)  # at 6 digits both were 0.943123
+    assert distinct_digits(3.36307, 7.27353) == ("3.36307", "7.27353")
