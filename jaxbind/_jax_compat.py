@@ -232,8 +232,12 @@ def place_callback(ctx, results, sharding) -> None:
     from jax._src import callback as _callback
     from jax._src.interpreters import mlir as _mlir
     op_sharding = _callback._callback_op_sharding(ctx.module_context.axis_context, sharding, ctx.avals_out)
-    if op_sharding is not None:
+    if op_sharding is None:
+        return
+    if "ctx" in inspect.signature(_mlir.set_sharding).parameters:
         _mlir.set_sharding(ctx.module_context, results[0].owner, op_sharding)
+    else:  # jax < 0.7: set_sharding(op, sharding)
+        _mlir.set_sharding(results[0].owner, op_sharding)
 
 
 def needs_devices_to_lower(primitive) -> None:
