@@ -52,6 +52,16 @@ def _name_of(callback) -> str:
     return f"pure_callback({name or type(callback).__name__})"
 
 
+class _OpTable(dict):
+    """A callback's ops, kept in its ``__dict__``; pickled or deep-copied with the callback as an
+    empty table (cloudpickle copies a closure's ``__dict__``: its ops belong to this process)."""
+
+    __slots__ = ()
+
+    def __reduce__(self):
+        return (_OpTable, ())
+
+
 def _holder(callback):
     """The object whose ``__dict__`` keeps the callback's ops, or None."""
     owner = callback.__self__ if isinstance(callback, types.MethodType) else callback
@@ -77,7 +87,7 @@ def _op_for(callback, in_tree, vmap_method, sharding) -> Op:
         else:
             table = vars(holder).get(_TABLE)
             if table is None:
-                table = {}
+                table = _OpTable()
                 try:
                     setattr(holder, _TABLE, table)
                 except (AttributeError, TypeError):  # a __dict__ that refuses new names

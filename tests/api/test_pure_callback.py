@@ -373,3 +373,20 @@ def test_a_bound_method_keeps_one_op_and_frees_its_object():
     jax.clear_caches()
     gc.collect()
     assert ref() is None
+
+
+def test_a_callback_pickles_without_its_ops():
+    # cloudpickle and copy.deepcopy copy a closure's __dict__, where its ops are kept: they arrive empty.
+    import copy
+    import pickle
+
+    from jaxbind import _pure_callback
+
+    def cb(v):
+        return v + 1
+
+    x = jnp.arange(3.0)
+    jax.jit(lambda v: pc(cb, like(v), v))(x)
+    table = vars(cb)[_pure_callback._TABLE]
+    assert len(table) == 1
+    assert pickle.loads(pickle.dumps(table)) == {} and copy.deepcopy(table) == {}
