@@ -75,6 +75,24 @@ def fori_per_call(body, x, worker, repeats, target):
     return statistics.median(samples)
 
 
+def interleaved_per_call(bodies, x, worker, repeats, target, plain=()):
+    """:func:`fori_per_call` for several bodies, their repetitions interleaved (a busy moment of the
+    machine then falls on all of them). ``plain``: functions that return their own seconds per call,
+    run once in every round too (first). Returns the medians: ``plain``'s, then the bodies'."""
+    fns = [looped(body, worker) for body in bodies]
+    for fn in fns:
+        jax.block_until_ready(fn(x, 2))
+    ks = [trip_count(fn, x, target) for fn in fns]
+    samples = [[] for _ in (*plain, *fns)]
+    for _ in range(repeats):
+        for measure, sample in zip(plain, samples):
+            sample.append(measure())
+        for fn, k, sample in zip(fns, ks, samples[len(plain):]):
+            t0 = timed(fn, x, 0)
+            sample.append((timed(fn, x, k) - t0) / k)
+    return [statistics.median(sample) for sample in samples]
+
+
 # ---- Per Python-level call ---------------------------------------------------
 
 

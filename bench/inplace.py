@@ -34,7 +34,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxbind  # noqa: E402
-from _timing import looped, timed, trip_count  # noqa: E402  (bench/ is the script folder)
+from _timing import interleaved_per_call  # noqa: E402  (bench/ is the script folder)
 
 N = 10**6
 same = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
@@ -116,20 +116,10 @@ def main():
     for name, body in bodies.items():  # results first, outside the timing
         if name != "empty op, fresh output":  # (whose output is whatever the buffer held)
             np.testing.assert_allclose(jax.jit(body)(x), x if name.startswith("empty") else -x)
-    fns = {name: looped(body) for name, body in bodies.items()}
-    for fn in fns.values():
-        jax.block_until_ready(fn(x, 2))
-    ks = {name: trip_count(fn, x, target) for name, fn in fns.items()}
-    samples = {name: [] for name in fns}
-    numpy_samples = {"NumPy body alone, into a second array": [], "NumPy body alone, in place": []}
-    for _ in range(repeats):
-        for in_place, sample in zip((False, True), numpy_samples.values()):
-            sample.append(numpy_per_call(in_place))
-        for name, fn in fns.items():
-            t0 = timed(fn, x, 0)
-            samples[name].append((timed(fn, x, ks[name]) - t0) / ks[name])
-    per_step = {name: float(np.median(sample)) * 1e6 for name, sample in numpy_samples.items()}
-    per_step.update({name: float(np.median(s)) * 1e6 for name, s in samples.items()})
+    numpy_rows = {"NumPy body alone, into a second array": lambda: numpy_per_call(False),
+                  "NumPy body alone, in place": lambda: numpy_per_call(True)}
+    seconds = interleaved_per_call(list(bodies.values()), x, False, repeats, target, plain=list(numpy_rows.values()))
+    per_step = {name: s * 1e6 for name, s in zip([*numpy_rows, *bodies], seconds)}
     for name, us in per_step.items():
         print(f"per step, {N:.0e} float64, {name:38}: {us:8.1f} us")
     ratios = {"op in place / NumPy body": per_step["op, in place"] / per_step["NumPy body alone, in place"],

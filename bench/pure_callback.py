@@ -35,7 +35,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxbind  # noqa: E402
-from _timing import looped, median_seconds, timed, trip_count  # noqa: E402  (bench/ is the script folder)
+from _timing import interleaved_per_call, median_seconds  # noqa: E402  (bench/ is the script folder)
 
 
 # y = 2 x applied a million times overflows to inf: harmless here (and NumPy's
@@ -54,21 +54,6 @@ def via(api, vmap_method=None):
 
 
 APIS = {"jax.pure_callback": jax.pure_callback, "jaxbind.pure_callback": jaxbind.pure_callback}
-
-
-def interleaved_per_call(bodies, x, worker, repeats, target):
-    """``_timing.fori_per_call`` for several bodies, their repetitions interleaved (a busy moment of
-    the machine then falls on all of them): seconds per call of each, medians."""
-    fns = [looped(body, worker) for body in bodies]
-    for fn in fns:
-        jax.block_until_ready(fn(x, 2))
-    ks = [trip_count(fn, x, target) for fn in fns]
-    samples = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, k, sample in zip(fns, ks, samples):
-            t0 = timed(fn, x, 0)
-            sample.append((timed(fn, x, k) - t0) / k)
-    return [float(np.median(sample)) for sample in samples]
 
 
 def main():
