@@ -41,4 +41,4 @@ __all__ = [
     "JaxbindError", "NativeKernel", "Op", "config", "export", "get_include", "get_linear_call", "get_nonlinear_call",
     "load_kwargs", "native", "numba_kernel", "pure_callback", "testing",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

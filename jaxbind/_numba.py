@@ -42,7 +42,7 @@ from ._native import (KW_BOOL, KW_FLOAT, KW_FLOAT_ARRAY, KW_INT, KW_INT_ARRAY, K
 
 __all__ = ["NumbaKernel", "numba_kernel"]
 
-INSTALL_HINT = "pip install 'jaxbind[numba]'"
+INSTALL_HINT = "pip install 'jaxbind-ffi[numba]'"
 
 
 # ---------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def numba_kernel(fn=None, *, name: Optional[str] = None, concurrent: bool = Fals
     Raises
     ------
     ImportError
-        If numba is not installed (``pip install 'jaxbind[numba]'``).
+        If numba is not installed (``pip install 'jaxbind-ffi[numba]'``).
     TypeError
         If ``name`` is not a non-empty string, or ``fn`` is not callable, is a
         native kernel already, is a numba function compiled in object mode

@@ -21,7 +21,7 @@ with their keyword arguments. :func:`alm2realalm` and :func:`realalm2alm`
 convert :math:`a_{lm}` between ducc0's complex layout and the ops' real one.
 
 Like every jaxbind op, each returns the list of its outputs: ``y, = c2c(x)``.
-Needs ``ducc0`` (``pip install 'jaxbind[ducc0]'``).
+Needs ``ducc0`` (``pip install 'jaxbind-ffi[ducc0]'``).
 """
 
 try:
@@ -29,7 +29,7 @@ try:
 except ImportError as _err:
     raise ImportError(
         "jaxbind.contrib.jaxducc0 needs the ducc0 package, which is not installed: "
-        "pip install 'jaxbind[ducc0]' (or pip install ducc0).",
+        "pip install 'jaxbind-ffi[ducc0]' (or pip install ducc0).",
         name="ducc0",
     ) from _err
 
