@@ -27,6 +27,10 @@ except ImportError as _err:  # pragma: no cover - depends on how jaxbind was imp
         "current directory shadows the installed package)."
     ) from _err
 
+from . import _install_check
+
+_install_check.warn_if_shared()
+
 from ._api import Op, get_linear_call, get_nonlinear_call
 from ._definition import JaxbindError
 from ._export import export

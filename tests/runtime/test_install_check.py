@@ -1,0 +1,55 @@
+"""`import jaxbind` says so when another distribution that installs the package `jaxbind` is installed
+beside this one (JAXbind itself, or this project's releases under that name): each child process sees a
+folder on its path holding only that distribution's metadata, as pip leaves it."""
+
+import sys
+
+import pytest
+
+from tests import _subprocesses
+
+JAXBIND_SUMMARY = "Bind any function written in another language to JAX with support for JVP/VJP/batching"
+OWN_OLD_SUMMARY = "Bind functions JAX cannot see (NumPy, SciPy, C, C++, Fortran) as JAX ops"
+
+
+def _import_warnings(tmp_path, metadata):
+    """The RuntimeWarnings `import jaxbind` gives with `metadata` installed as a distribution."""
+    if metadata is not None:
+        name, version, summary = metadata
+        info = tmp_path / f"{name}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {summary}\n")
+    code = (
+        "import sys, warnings\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import jaxbind\n"
+        "print(jaxbind.get_linear_call.__module__)\n"
+        "for w in caught:\n"
+        "    if issubclass(w.category, RuntimeWarning):\n"
+        "        print('WARNING', w.message, w.filename)\n"
+    )
+    returncode, out, err = _subprocesses.run([sys.executable, "-c", code], timeout=240,
+                                             what="import jaxbind", cwd=tmp_path)
+    assert returncode == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("jaxbind.")  # this project's jaxbind, still imported
+    return [line for line in lines if line.startswith("WARNING")]
+
+
+def test_no_warning_alone(tmp_path):
+    assert _import_warnings(tmp_path, None) == []
+
+
+@pytest.mark.parametrize("metadata, who", [
+    (("jaxbind", "1.3.1", JAXBIND_SUMMARY), "JAXbind 1.3.1 (the distribution `jaxbind`)"),
+    (("jaxbind", "0.1.0", OWN_OLD_SUMMARY), "this project's own earlier release under the name `jaxbind` (0.1.0)"),
+])
+def test_warns_when_another_distribution_shares_the_folder(tmp_path, metadata, who):
+    (warning,) = _import_warnings(tmp_path, metadata)
+    assert who in warning
+    assert "`jaxbind-ffi` (running now)" in warning
+    assert "pip uninstall -y jaxbind jaxbind-ffi && pip install jaxbind-ffi" in warning
+    assert warning.endswith("<string>")  # reported at the user's import line, not inside jaxbind
