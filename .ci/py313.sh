@@ -26,13 +26,21 @@ unmount() {
 }
 trap unmount EXIT
 unmount
-rm -rf --one-file-system "$root"
+step() { echo "== py313 lane, ${SECONDS} s: $*"; }
 
 # Debian 13 with its Python and the build tools (CMake, g++, gfortran for the Fortran tests, git).
-debootstrap --variant=minbase \
-  --include=python3,python3-venv,python3-dev,g++,make,cmake,ninja-build,gfortran,git,ca-certificates \
-  trixie "$root" http://deb.debian.org/debian
-"$root/usr/bin/python3" --version
+# JAXBIND_CI_KEEP_CHROOT=1 reuses a chroot made before (by hand, between tries); CI always makes it anew.
+if [ "${JAXBIND_CI_KEEP_CHROOT:-0}" = 1 ] && [ -x "$root/usr/bin/python3" ]; then
+  rm -rf "$root/src" "$wheels"
+else
+  rm -rf --one-file-system "$root"
+  step "debootstrap Debian 13"
+  debootstrap --variant=minbase \
+    --include=python3,python3-venv,python3-dev,g++,make,cmake,ninja-build,gfortran,git,ca-certificates \
+    trixie "$root" http://deb.debian.org/debian
+fi
+chroot "$root" python3 --version
+step "the wheelhouse"
 
 # The wheelhouse: cp313 wheels for the manylinux glibc versions Debian 13 runs (2.17 to its 2.41).
 platforms=()
@@ -54,6 +62,7 @@ ls "$wheels" | grep -E '^(jax|jaxlib)-'
 
 # A fresh clone of what is committed, and a name for this host (gloo, the multi-process tests'
 # collectives, resolves it).
+step "clone, install and test"
 git clone --quiet "$repo" "$root/src"
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
 printf '127.0.0.1 localhost %s\n::1 localhost\n' "$(hostname)" > "$root/etc/hosts"
@@ -75,3 +84,4 @@ chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/bin:/usr/bin:/bin LANG
     python -c "import sys, jax, jaxlib, jaxbind; print(sys.version.split()[0], \"jax\", jax.__version__, \"jaxlib\", jaxlib.__version__)"
     pytest -q
   '
+step "done"

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests import _subprocesses
+import _subprocesses
 
 JAXBIND_SUMMARY = "Bind any function written in another language to JAX with support for JVP/VJP/batching"
 OWN_OLD_SUMMARY = "Bind functions JAX cannot see (NumPy, SciPy, C, C++, Fortran) as JAX ops"
