@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
-root=$repo/.ci-chroot
+root=${JAXBIND_CI_CHROOT:-/var/tmp/jaxbind-ci-py313}  # outside the repository: no tool walks into it
 wheels=$root/wheelhouse
 
 command -v debootstrap >/dev/null || { apt-get update && apt-get install -y debootstrap; }
@@ -81,7 +81,7 @@ chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/bin:/usr/bin:/bin LANG
     python -m pip install --quiet --upgrade pip
     # The README'"'"'s install and test commands:
     pip install ".[test]"
-    python -c "import sys, jax, jaxlib, jaxbind; print(sys.version.split()[0], \"jax\", jax.__version__, \"jaxlib\", jaxlib.__version__)"
+    (cd / && python -c "import sys, jax, jaxlib, jaxbind; print(sys.version.split()[0], \"jax\", jax.__version__, \"jaxlib\", jaxlib.__version__)")
     pytest -q
   '
 step "done"
