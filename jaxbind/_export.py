@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import jax
 
 from ._runtime import ASYNC_TARGET, TARGET
@@ -67,7 +69,18 @@ def export(fun, **kwargs):
     >>> exported = jax.export.deserialize(blob)                # doctest: +SKIP
     >>> y = exported.call(x)                                   # doctest: +SKIP
     """
-    allowed = [jax.export.DisabledSafetyCheck.custom_call(target) for target in (TARGET, ASYNC_TARGET)]
+    jax_export = _jax_export()
+    allowed = [jax_export.DisabledSafetyCheck.custom_call(target) for target in (TARGET, ASYNC_TARGET)]
     disabled = list(kwargs.pop("disabled_checks", ()))
     disabled += [check for check in allowed if check not in disabled]
-    return jax.export.export(fun, disabled_checks=disabled, **kwargs)
+    return jax_export.export(fun, disabled_checks=disabled, **kwargs)
+
+
+def _jax_export():
+    """``jax.export``, imported here: jax < 0.6 does not import it with ``jax``, and it needs absl-py."""
+    try:
+        return importlib.import_module("jax.export")
+    except ImportError as err:
+        raise ImportError(f"jaxbind.export: jax {jax.__version__}'s jax.export cannot be imported ({err}); "
+                          "on jax < 0.6 it needs absl-py: pip install absl-py "
+                          "(or pip install 'jaxbind-ffi[export]')") from err

@@ -20,6 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/: _kernels
 
 import jax  # noqa: E402
+import jax.export  # noqa: E402  (jax < 0.6 does not import it with jax)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 

@@ -78,3 +78,14 @@ def test_an_unknown_schema_is_refused(blob, tmp_path):
     future.write_bytes(data.replace(b'"schema":1', b'"schema":7'))
     error = run_job("import", future, "all")["error"]
     assert "schema is 7" in error and "reads schema 1" in error and "op '" in error, error
+
+
+def test_export_without_jax_export_says_what_to_install(monkeypatch):
+    """jax < 0.6's jax.export cannot be imported without absl-py: jaxbind.export says so."""
+    import jax
+    import jaxbind
+
+    monkeypatch.setitem(sys.modules, "jax.export", None)  # `import jax.export` raises ImportError
+    with pytest.raises(ImportError, match=r"jaxbind.export: jax .*'s jax.export cannot be imported .*"
+                                          r"pip install absl-py"):
+        jaxbind.export(jax.jit(lambda x: x))
