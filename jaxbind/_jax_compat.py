@@ -110,6 +110,36 @@ def shaped_array(shape, dtype, like=None, vma=frozenset(), spec=()):
 
 
 # ---------------------------------------------------------------------------
+# shard_map's replication rules (jax 0.5)
+# ---------------------------------------------------------------------------
+# Where values carry their varying axes in their types (above), shard_map needs
+# nothing more. jax 0.5's shard_map instead checks replication with a rule per
+# primitive and refuses one it has none for (unless check_rep=False). An op's
+# outputs agree on the devices where all its inputs agree: they are replicated
+# over the axes every input is replicated over, and the standard rewrite
+# broadcasts the inputs to that common replication first (as cast_to_common_vma
+# does with types).
+
+def register_replication_rules(primitive) -> None:
+    if hasattr(jax, "shard_map"):  # jax >= 0.7: typed varying axes only
+        return
+    try:
+        from jax.experimental import shard_map as _shard_map
+    except ImportError:  # pragma: no cover
+        return
+    rules = getattr(_shard_map, "_check_rules", None)
+    if rules is None:  # pragma: no cover
+        return
+
+    def replication(mesh, *in_rep, **_):
+        reps = [rep for rep in in_rep if rep is not None]  # (None: a literal)
+        return set.intersection(*reps) if reps else set(mesh.axis_names)
+
+    rules.setdefault(primitive, replication)
+    _shard_map.register_standard_rewrite(primitive)
+
+
+# ---------------------------------------------------------------------------
 # Batch partitioning of a custom call
 # ---------------------------------------------------------------------------
 # A target registered as batch partitionable may be split by XLA along the
@@ -217,7 +247,7 @@ def runtime_error_of_fast_path(err: ValueError, prefixes: tuple):
 
 __all__ = [
     "Primitive", "ad", "apply_primitive", "auto_device_count", "batch_partitioning_attributes", "batching",
-    "cast_to_common_vma", "get_aval", "mlir", "register_batch_partitionable", "reshard_like",
+    "cast_to_common_vma", "get_aval", "mlir", "register_batch_partitionable", "register_replication_rules", "reshard_like",
     "runtime_error_of_fast_path", "set_frontend_attribute", "shaped_array", "sharding_spec", "varying_axes",
 ]
 

@@ -15,7 +15,7 @@ from ._batch_types import NativeBatch, WalkBatch  # noqa: F401  (the batch param
 from ._batching import jaxbind_batch
 from ._bind import PRIMITIVES, bind, jaxbind_p, jaxbind_pinned_p
 from ._definition import Role
-from ._jax_compat import ad, apply_primitive, batching, hold_weakly_in_jax_caches, mlir, needs_devices_to_lower
+from ._jax_compat import ad, apply_primitive, batching, hold_weakly_in_jax_caches, mlir, needs_devices_to_lower, register_replication_rules
 from ._lowering import jaxbind_lowering
 from ._runtime import ASYNC_TARGET, SUPPORTED_DTYPES, TARGET  # noqa: F401
 from ._validation import is_differentiable  # noqa: F401
@@ -33,5 +33,6 @@ for _p in PRIMITIVES:
     ad.primitive_transposes[_p] = jaxbind_transpose
     batching.primitive_batchers[_p] = jaxbind_batch
     mlir.register_lowering(_p, jaxbind_lowering, platform="cpu")
+    register_replication_rules(_p)
 needs_devices_to_lower(jaxbind_pinned_p)
 hold_weakly_in_jax_caches(Role)  # the parameter that holds an op's definition
