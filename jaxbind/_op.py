@@ -171,10 +171,16 @@ class Op(functools.partial):
     def __del__(self):
         # The op's eager calls go with it (they hold its definition, and so its
         # callbacks and what they capture).
+        # An entry equal ops share stays until the last of them is gone.
         eager = _EAGER
         if eager is not None:
+            me = id(self)
             for key in self._eager_keys:
-                eager.pop(key, None)
+                entry = eager.get(key)
+                if entry is not None:
+                    entry[1].discard(me)
+                    if not entry[1]:
+                        eager.pop(key, None)
 
     @property
     def name(self) -> str:
@@ -245,13 +251,11 @@ class Op(functools.partial):
             return _bind_arrays(*args, role=role, kwargs=kwargs)
         # Called on concrete arrays: run a cached compiled call, as jax.jit
         # would, instead of dispatching the primitive anew each time.
-        key = (id(self), role, kwargs)
-        call = _EAGER.get(key)
-        if call is None:
-            call = _EAGER[key] = jax.jit(functools.partial(_bind_arrays, role=role, kwargs=kwargs))
-            self._eager_keys.append(key)
-            if len(self._eager_keys) > EAGER_CACHE_SIZE:  # forget the evicted ones
-                self._eager_keys = [k for k in self._eager_keys if k in _EAGER]
+        # Equal ops play equal roles, so they share the entry (and its executable).
+        key = (role, kwargs)
+        entry = _EAGER.get(key)
+        if entry is None:
+            entry = _EAGER[key] = (jax.jit(functools.partial(_bind_arrays, role=role, kwargs=kwargs)), set())
             if len(_EAGER) > EAGER_CACHE_SIZE:
                 _EAGER.popitem(last=False)
         else:
@@ -259,6 +263,12 @@ class Op(functools.partial):
                 _EAGER.move_to_end(key)
             except KeyError:  # evicted meanwhile by another thread's call
                 pass
+        if id(self) not in entry[1]:
+            entry[1].add(id(self))
+            self._eager_keys.append(key)
+            if len(self._eager_keys) > EAGER_CACHE_SIZE:  # forget the evicted ones
+                self._eager_keys = [k for k in self._eager_keys if k in _EAGER]
+        call = entry[0]
         try:
             return call(*args)
         except ValueError as err:
@@ -316,9 +326,10 @@ _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, numbers.Number)
 # How the errors of jaxbind's handler begin (an XLA status code, then jaxbind's text).
 _RUNTIME_ERROR_PREFIXES = ("INTERNAL: jaxbind", "INVALID_ARGUMENT: jaxbind")
 _NO_KWARGS = Kwargs({}, "")
-# (id(op), role, kwargs) -> the jitted call that concrete arguments run, least
-# recently used first. Entries leave with their op (Op.__del__) or, past the
-# bound, by age (an op whose callback holds the op itself is freed that way).
+# (role, kwargs) -> (the jitted call that concrete arguments run, the ids of the
+# ops that used it), least recently used first. Equal ops share an entry; it
+# leaves with the last of them (Op.__del__) or, past the bound, by age (an op
+# whose callback holds the op itself is freed that way).
 EAGER_CACHE_SIZE = 128
 _EAGER: "collections.OrderedDict" = collections.OrderedDict()
 

@@ -7,6 +7,7 @@ import pickle
 import weakref
 
 import jax
+import jax.export  # (jax < 0.6 does not import it with jax)
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -138,9 +139,14 @@ def test_export_in_process_and_duplicate_names():
 # ---------------------------------------------------------------------------
 
 
-def factory(big):
+def scaled_by(big):
     def apply(out, args, kwargs_dump):
         out[0][...] = big[: args[0].size].reshape(args[0].shape) * args[0]
+    return apply
+
+
+def factory(big):
+    apply = scaled_by(big)
     return jaxbind.get_linear_call(apply, apply, like, like, name="factory_op")
 
 
@@ -169,6 +175,43 @@ def test_ops_dropped_after_use_are_freed(how):
     collect()
     assert [r() is None for r in refs] == [True] * 5
     assert _trampoline.num_live_sites() <= live_before
+
+
+def test_equal_ops_share_one_eager_executable_which_leaves_with_the_last():
+    from jaxbind import _op
+    big = np.full(10**6, 3.0)
+    ref = weakref.ref(big)
+
+    apply = scaled_by(big)
+    op1, op2 = (jaxbind.get_linear_call(apply, apply, like, like, name="shared_op") for _ in range(2))
+    del big, apply
+    assert op1 == op2 and op1 is not op2
+    x = jnp.ones((2, 3))
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, _, **kw: compiles.append(event) if event == "/jax/compilation_cache/compile_requests_use_cache"
+        or event.endswith("backend_compile_duration") else None)
+    try:
+        np.testing.assert_allclose(op1(x)[0], 3 * np.ones((2, 3)))
+        n = len(compiles)
+        assert n >= 1  # (the listener sees compilations)
+        np.testing.assert_allclose(op2(x)[0], 3 * np.ones((2, 3)))
+        assert len(compiles) == n, "the second equal op compiled its eager call again"
+    finally:
+        jax.monitoring.clear_event_listeners()
+    (entry,) = [e for k, e in _op._EAGER.items() if k[0].op == op1.definition]
+    assert entry[1] == {id(op1), id(op2)}
+    del op1
+    collect()
+    assert ref() is not None and any(k[0].op == op2.definition for k in _op._EAGER)  # op2 still uses it
+    np.testing.assert_allclose(op2(x)[0], 3 * np.ones((2, 3)))
+    definition = op2.definition
+    del op2, entry
+    collect()
+    assert not any(k[0].op is definition for k in _op._EAGER)
+    del definition
+    collect()
+    assert ref() is None  # the executable and what the callback captured are gone
 
 
 def test_a_kept_program_keeps_its_sites_and_frees_them_with_it():
