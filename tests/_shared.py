@@ -2,6 +2,7 @@
 
 import threading
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -50,3 +51,16 @@ def sample(dtype, shape, seed=0, full_range=False):
     if np.issubdtype(dtype, np.complexfloating):
         return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
+
+
+def shard_map(f, *, mesh, in_specs, out_specs, axis_names=None, check_vma=True):
+    """``jax.shard_map`` (jax >= 0.7), or before it ``jax.experimental.shard_map.shard_map``, whose
+    arguments name the same things differently (``auto``, the axes left automatic; ``check_rep``)."""
+    if hasattr(jax, "shard_map"):
+        names = {} if axis_names is None else {"axis_names": axis_names}
+        return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check_vma, **names)
+    from jax.experimental.shard_map import shard_map as experimental_shard_map
+
+    auto = frozenset() if axis_names is None else frozenset(mesh.axis_names) - frozenset(axis_names)
+    return experimental_shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=check_vma,
+                                  auto=auto)

@@ -7,6 +7,8 @@ different ops, so each error and each program carries its own op's name.
 """
 
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -87,7 +89,8 @@ def test_name_in_lowered_and_compiled_programs():
     assert 'mhlo.frontend_attributes = {jaxbind_op = "double"}' in lowered.as_text()
     compiled = lowered.compile().as_text()
     assert 'frontend_attributes={jaxbind_op="double"}' in compiled
-    assert 'op_name="jit(<lambda>)/double/jaxbind"' in compiled  # what profilers show
+    # What profilers show (jax < 0.6 puts "jit(main)/" after the function's name).
+    assert re.search(r'op_name="jit\(<lambda>\)/(jit\(main\)/)?double/jaxbind"', compiled)
     # Derived calls (the transpose, under vmap) carry the op's name too.
     grads = jax.jit(jax.vmap(jax.grad(lambda v: jnp.sum(op(v)[0])))).lower(np.ones((2, 3)))
     assert 'jaxbind_op = "double"' in grads.as_text()

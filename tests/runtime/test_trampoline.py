@@ -380,8 +380,12 @@ def test_the_exception_type_a_failing_callback_raises_on_every_path():
     cached, cached_reference = jax.jit(lambda x: op(x)[0] * 3), jax.jit(reference)
     for fn in (cached, cached_reference):
         fn(ok), fn(ok)
-    assert raised(cached, bad) is raised_reference_type(cached_reference, bad)
+    if JAX_VERSION >= (0, 7, 2):  # (before, jax.pure_callback's cached call raised the JaxRuntimeError)
+        assert raised(cached, bad) is raised_reference_type(cached_reference, bad)
     assert issubclass(raised(cached, bad), (RuntimeError, ValueError))
+
+
+JAX_VERSION = tuple(int(p) for p in jax.__version__.split(".")[:3])
 
 
 def raised_reference_type(fn, x):

@@ -11,9 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
+import pytest
 
 import jaxbind
-from _multidevice_cases import (CALLS, LIB, Auto, _like_last, batching_op, case, compare, counted_op, data,
+from _shared import shard_map
+from _multidevice_cases import (CALLS, LIB, OLD_SHARD_MAP, Auto, _like_last, batching_op, case, compare, counted_op, data,
                                 fixed_op, linear_op, mesh, native_op, nonlinear_op, set_mesh)
 
 
@@ -300,8 +302,15 @@ def _padding_partial_manual():
 
     def body(b):
         return _vmapped(nonzero_op)(jax.lax.with_sharding_constraint(b, P("y")))
+    if OLD_SHARD_MAP:  # jax 0.5 cannot lower a sharding constraint on an automatic axis in a partial
+        # shard_map, with jax's own ops too: checked, and the case ends there.
+        plain = shard_map(lambda b: 2.0 * jax.lax.with_sharding_constraint(b, P("y")), mesh=m, in_specs=P("x"),
+                          out_specs=P("x"), axis_names=frozenset({"x"}))
+        with set_mesh(m), pytest.raises(NotImplementedError, match="Unhandled OpSharding type"):
+            jax.jit(plain).lower(x)
+        return
     with set_mesh(m):
-        f = jax.jit(jax.shard_map(body, mesh=m, in_specs=P("x"), out_specs=P("x"), axis_names=frozenset({"x"})))
+        f = jax.jit(shard_map(body, mesh=m, in_specs=P("x"), out_specs=P("x"), axis_names=frozenset({"x"})))
         assert "iota" in f.lower(x).as_text()
         y, calls = _count_calls(f, x)
     assert calls == 6, calls
