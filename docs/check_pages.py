@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 
 DOCS = os.path.dirname(os.path.abspath(__file__))
@@ -72,7 +73,7 @@ def parse(path):
                     options = len(body)
                     body = _strip_options(body)
                     first = start + 1 + options - len(body)
-                    text = "\n".join(body) + "\n"
+                    text = textwrap.dedent("\n".join(body)) + "\n"  # a block in a list is indented
                     if kind == "doctest":
                         text = "".join(e.source for e in doctest.DocTestParser().get_examples(text))
                     blocks.append((first, kind, text))
