@@ -115,7 +115,7 @@ def page_line(spans, n):
 
 
 def check(path, timeout, keep):
-    name = os.path.relpath(path, DOCS)
+    name = os.path.relpath(path, DOCS) if path.startswith(DOCS + os.sep) else path
     try:
         code, spans, downloads = script(path)
     except (ValueError, OSError) as err:
@@ -176,7 +176,7 @@ def main():
             else:
                 failed.append(name)
                 print("      " + tail.replace("\n", "\n      "), flush=True)
-    print(f"{passed} pages passed, {len(failed)} failed, {len(skipped)} without Python examples; "
+    print(f"pages: {passed} passed, {len(failed)} failed, {len(skipped)} without Python examples; "
           f"{time.perf_counter() - start:.1f} s")
     if failed:
         sys.exit("failed: " + ", ".join(sorted(failed)))
