@@ -2,10 +2,13 @@
 
 Build:  pip install '.[docs]' && sphinx-build -W -b html docs docs/_build/html
 Run every example in it:  sphinx-build -W -b doctest docs docs/_build/doctest
+Run each page's examples as one script in an empty folder:  python docs/check_pages.py
 """
 
 import os
+import shutil
 import sys
+import tempfile
 
 project = "jaxbind"
 author = "the jaxbind developers"
@@ -36,18 +39,33 @@ napoleon_numpy_docstring = True
 napoleon_use_rtype = False
 napoleon_use_ivar = True  # attributes of an instance's class stay under it (jaxbind.config)
 
-# Every page's examples share this set-up (each page is one namespace, run top to bottom).
-doctest_global_setup = f"""
-DOCS = {os.path.dirname(os.path.abspath(__file__))!r}  # this folder (the examples' files)
-import jax
-jax.config.update("jax_enable_x64", True)
-import jax.numpy as jnp
-import numpy as np
-import jaxbind
-"""
+# Nothing is predefined: each page's first example block shows its imports. Each page runs as a
+# reader runs it, in a fresh empty folder holding the files the page links with {download}, under
+# their own names (docs/check_pages.py runs each page as one script the same way).
 doctest_test_doctest_blocks = ""  # only the explicit testcode/doctest directives run
 
 html_theme = "furo"
 html_title = "jaxbind"
 html_static_path = ["_static"]
 html_css_files = ["wide.css"]
+
+
+def setup(app):
+    from sphinx.ext.doctest import DocTestBuilder
+
+    class PageFolderDocTestBuilder(DocTestBuilder):
+        """The doctest builder, running each page in an empty folder with its downloads beside it."""
+
+        def test_doc(self, docname, doctree):
+            folder, here = tempfile.mkdtemp(prefix="jaxbind-doctest-"), os.getcwd()
+            try:
+                for path, (docnames, _) in self.env.dlfiles.items():
+                    if docname in docnames:
+                        shutil.copy(os.path.join(self.env.srcdir, path), folder)
+                os.chdir(folder)
+                return super().test_doc(docname, doctree)
+            finally:
+                os.chdir(here)
+                shutil.rmtree(folder, ignore_errors=True)
+
+    app.add_builder(PageFolderDocTestBuilder, override=True)
