@@ -25,6 +25,7 @@ unmount() {
   done
 }
 trap unmount EXIT
+trap 'unmount; exit 143' TERM INT
 unmount
 step() { echo "== py313 lane, ${SECONDS} s: $*"; }
 
