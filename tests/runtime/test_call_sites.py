@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import jaxbind
-from jaxbind import _primitive, _sites, _trampoline
+from jaxbind import _sites, _trampoline
+from jaxbind._runtime import TARGET
 
 like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
 
@@ -39,7 +40,7 @@ def description_of(fn, *args):
 
 def call_forged(text, key=None, shape=(2,)):
     key = _sites.key_of(text) if key is None else key
-    call = jax.ffi.ffi_call(_primitive.TARGET, jax.ShapeDtypeStruct(shape, jnp.float32))
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(shape, jnp.float32))
     x = jnp.arange(1, 1 + np.prod(shape), dtype=jnp.float32).reshape(shape)
     return np.asarray(jax.jit(lambda v: call(v, jaxbind=text, site=np.int64(key)))(x))
 
