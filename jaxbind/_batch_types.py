@@ -19,7 +19,7 @@ import numpy as np
 from ._bind import bind
 from ._definition import Role, _name_of
 from ._jax_compat import get_aval
-from ._validation import call_abstract, check_input_dtypes, check_size, structs
+from ._user_abstract import call_abstract, check_input_dtypes, check_size, structs
 
 
 class TransposePlan(NamedTuple):

@@ -9,7 +9,7 @@ from ._bind import bind
 from ._definition import Role
 from ._jax_compat import get_aval
 from ._kwargs import Kwargs
-from ._validation import call_abstract, structs
+from ._user_abstract import call_abstract, structs
 
 
 def jaxbind_batch(args, dims, *, role: Role, kwargs: Kwargs, batch: Batch):

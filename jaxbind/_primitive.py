@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 
-from ._abstract import jaxbind_abstract_eval
+from ._abstract_eval import jaxbind_abstract_eval
 from ._autodiff import jaxbind_jvp, jaxbind_transpose
 from ._batching import jaxbind_batch
 from ._bind import PRIMITIVES, jaxbind_pinned_p
