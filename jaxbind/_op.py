@@ -28,7 +28,7 @@ class OpFunction(NamedTuple):
     Code written for JAXbind reads ops as ``functools.partial(call, _func=...)``
     and may make a variant with ``op.keywords["_func"]._replace(can_batch=False)``
     and ``functools.partial(op.func, **keywords)``: that variant is the same op
-    without native batching (vmap then walks the batch).
+    without the callbacks' own batching (vmap then walks the batch).
     """
 
     definition: OpDef
@@ -140,7 +140,7 @@ class Op(functools.partial):
 
         What ``op.func`` calls: code written for JAXbind may make a variant of
         an op with ``op.keywords["_func"]._replace(can_batch=False)``, which is
-        the same op without native batching (vmap then walks the batch).
+        the same op without the callbacks' own batching (vmap then walks the batch).
 
         Parameters
         ----------

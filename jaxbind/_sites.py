@@ -55,7 +55,7 @@ import jax
 import numpy as np
 
 from . import _trampoline
-from ._batch_types import NativeBatch, WalkBatch, as_batch
+from ._batch_types import SelfBatch, WalkBatch, as_batch
 from ._definition import JaxbindError, OpDef, Role, dtype_name
 from ._kwargs import Kwargs
 from ._native import NativeKernel, kernel_kwargs
@@ -163,13 +163,19 @@ def _structure(definition: OpDef) -> dict:
     return structure
 
 
+# The description's field for a self-batched call. Its name since schema 1, from when that kind was
+# called "native" batching; kept, since renaming it would change the key of every such site and make
+# the programs made so far unreadable (a new schema).
+_SELF_BATCH_FIELD = "native"
+
+
 def _batch_json(batch):
     if batch is None:
         return None
     if isinstance(batch, WalkBatch):
         return {"walk": [[int(m) for m in mask] for mask in batch.masks]}
-    return {"native": [[list(a) for a in batch.in_axes], [list(a) for a in batch.out_axes],
-                       list(batch.sizes)]}
+    return {_SELF_BATCH_FIELD: [[list(a) for a in batch.in_axes], [list(a) for a in batch.out_axes],
+                                list(batch.sizes)]}
 
 
 def _batch_from_json(value):
@@ -177,8 +183,8 @@ def _batch_from_json(value):
         return None
     if "walk" in value:
         return WalkBatch(tuple(tuple(bool(m) for m in mask) for mask in value["walk"]))
-    in_axes, out_axes, sizes = value["native"]
-    return NativeBatch(tuple(map(tuple, in_axes)), tuple(map(tuple, out_axes)), tuple(sizes))
+    in_axes, out_axes, sizes = value[_SELF_BATCH_FIELD]
+    return SelfBatch(tuple(map(tuple, in_axes)), tuple(map(tuple, out_axes)), tuple(sizes))
 
 
 def _avals_json(avals):
