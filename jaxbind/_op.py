@@ -15,8 +15,7 @@ from . import _primitive  # noqa: F401  (registers the primitive's rules with JA
 from ._bind import bind
 from ._definition import OpDef, OpKind, Role
 from ._jax_compat import runtime_error_of_fast_path
-from ._kwargs import Kwargs
-from ._native import kernel_kwargs
+from ._kwargs import Kwargs, kernel_kwargs
 from ._sites import register_definition
 
 __all__ = ["Op"]

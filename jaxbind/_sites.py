@@ -45,9 +45,7 @@ from __future__ import annotations
 import base64
 import collections
 import hashlib
-import io
 import json
-import pickle
 import threading
 import weakref
 
@@ -57,8 +55,8 @@ import numpy as np
 from . import _trampoline
 from ._batch_types import SelfBatch, WalkBatch, as_batch
 from ._definition import JaxbindError, OpDef, Role, dtype_name
-from ._kwargs import Kwargs
-from ._native import NativeKernel, kernel_kwargs
+from ._kwargs import Kwargs, kernel_kwargs
+from ._native import NativeKernel
 
 __all__ = ["SCHEMA", "SiteHandle", "register_definition", "resolve", "site_for"]
 
@@ -338,7 +336,7 @@ def resolve(key: int, text: str) -> None:
     dump = base64.b64decode(description["kwargs"])
     with _lock:
         ours = key in _made_here  # then the bytes are this process's own (their digest is the key)
-    kwargs = Kwargs.from_dump(dump) if ours else Kwargs(_load_plain(dump, label), name)
+    kwargs = Kwargs.from_program(dump, name, ours)
     with _lock:
         handle = _live.get(key)
         if handle is None:
@@ -389,38 +387,6 @@ def _find_definition(name: str, description: dict) -> OpDef:
         f"jaxbind op '{name}': the program calls op '{name}', and this process defines "
         f"{len(matches)} different ops of that name, so it cannot tell which: give them distinct "
         "name=... values.")
-
-
-# What kwargs read from a program may be made of: plain data, never a callable.
-_PLAIN_GLOBALS = {
-    ("builtins", n) for n in ("complex", "set", "frozenset", "slice", "range", "bytearray")
-} | {("collections", "OrderedDict")} | {
-    (module, n)
-    for module in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray",
-                   "numpy.core.numeric", "numpy._core.numeric")
-    for n in ("_reconstruct", "ndarray", "dtype", "scalar", "_frombuffer")
-}
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        if (module, name) in _PLAIN_GLOBALS:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name}")
-
-
-def _load_plain(dump: bytes, label: str) -> dict:
-    """Kwargs from a program's bytes, built only from plain data types."""
-    try:
-        values = _PlainUnpickler(io.BytesIO(dump)).load()
-        if not isinstance(values, dict):
-            raise pickle.UnpicklingError("not a dict")
-    except Exception as err:
-        raise JaxbindError(
-            f"jaxbind {label}: the program's kwargs cannot be read here ({err}): kwargs travel in "
-            "a serialized program only as plain data (numbers, strings, bools, None, lists, "
-            "tuples, dicts, sets and NumPy arrays or scalars).") from None
-    return values
 
 
 _trampoline.set_resolver(resolve)

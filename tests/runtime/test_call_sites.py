@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jaxbind
-from jaxbind import _sites, _trampoline
+from jaxbind import _kwargs, _sites, _trampoline
 from jaxbind._runtime import TARGET
 
 like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
@@ -116,7 +116,7 @@ def test_kwargs_from_a_program_are_plain_data_only():
     assert not _Planted.called
     # numbers, arrays and containers do travel
     fine = {"a": [1, 2.5, 3j], "b": np.arange(3), "c": {"d": (None, True)}, "e": np.float32(2)}
-    assert _sites._load_plain(pickle.dumps(fine), "op 'x'")["b"].tolist() == [0, 1, 2]
+    assert _kwargs.load_plain(pickle.dumps(fine), "op 'x'")["b"].tolist() == [0, 1, 2]
 
 
 def test_export_in_process_and_duplicate_names():
