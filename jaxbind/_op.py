@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import numbers
 from typing import NamedTuple
@@ -154,16 +153,7 @@ class Op(functools.partial):
             ``function.can_batch``; made once per definition and flag, then
             reused.
         """
-        definition = function.definition
-        if function.can_batch == definition.func_can_batch:
-            variant = definition
-        else:
-            variant = dataclasses.replace(definition, func_can_batch=bool(function.can_batch))
-        ops = vars(definition).setdefault("_variant_ops", {})
-        op = ops.get(variant.func_can_batch)
-        if op is None:
-            op = ops[variant.func_can_batch] = Op(variant)
-        return op
+        return function.definition.op_with(bool(function.can_batch), Op)
 
     def __reduce__(self):
         return (Op, (self.definition,))

@@ -43,7 +43,6 @@ definition keeps the last :data:`RESOLVED_KEPT` sites made so.
 from __future__ import annotations
 
 import base64
-import collections
 import hashlib
 import json
 import threading
@@ -108,15 +107,9 @@ class _Name:
         return [(ref(), i) for ref, i in self.defs]
 
 
-def _state(definition: OpDef) -> dict:
-    """Per-definition state kept on the definition (it dies with it)."""
-    return vars(definition)
-
-
 def register_definition(definition: OpDef) -> None:
     """Give a new op its index among the ops of its name (equal definitions share one)."""
-    state = _state(definition)
-    if "_index" in state:
+    if definition.index is not None:
         return
     with _lock:
         name = _names.setdefault(definition.name, _Name())
@@ -126,12 +119,7 @@ def register_definition(definition: OpDef) -> None:
         else:
             index, name.next_index = name.next_index, name.next_index + 1
             name.defs.append((weakref.ref(definition), index))
-        state["_index"] = index
-        # (role, kwargs, batch, padded, avals) -> handle, while a program holds it
-        state["_sites"] = weakref.WeakValueDictionary()
-        # key -> handle, sites made for programs made elsewhere or that outlived their
-        # holders, the newest last (at most RESOLVED_KEPT)
-        state["_resolved"] = collections.OrderedDict()
+        definition.take_index(index)
 
 
 def _definitions_named(name: str) -> list:
@@ -221,7 +209,7 @@ def describe(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: boo
     }
     if not exported:
         register_definition(definition)
-        description["index"] = _state(definition)["_index"]
+        description["index"] = definition.index
     text = json.dumps(description, sort_keys=True, separators=(",", ":"))
     return text, key_of(text)
 
@@ -240,10 +228,9 @@ def site_for(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: boo
     """
     definition = role.op
     register_definition(definition)
-    memo = _state(definition)["_sites"]
     avals_in, avals_out = tuple(avals_in), tuple(avals_out)
     memo_key = (role, kwargs, batch, padded, avals_in, avals_out)
-    handle = memo.get(memo_key)
+    handle = definition.site(memo_key)
     if handle is None:
         callee_in = avals_in[:len(avals_in) - padded]
         text, key = describe(role, kwargs, batch, callee_in, avals_out, padded)
@@ -256,7 +243,7 @@ def site_for(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: boo
                 raise JaxbindError(
                     f"jaxbind {role.label}: its call site's key collides with another site's "
                     "(a 2**-63 event); rename the op (name=...) to change its key.")
-        memo[memo_key] = handle
+        definition.keep_site(memo_key, handle)
     return handle
 
 
@@ -341,11 +328,7 @@ def resolve(key: int, text: str) -> None:
         handle = _live.get(key)
         if handle is None:
             handle = _register(role, kwargs, batch, avals_in, avals_out, padded, key, text)
-        resolved = _state(definition)["_resolved"]
-        resolved[key] = handle
-        resolved.move_to_end(key)
-        while len(resolved) > RESOLVED_KEPT:  # an older one is made anew if called again
-            resolved.popitem(last=False)
+        definition.keep_resolved(key, handle, RESOLVED_KEPT)
 
 
 def _read(text: str) -> dict:

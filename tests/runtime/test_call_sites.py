@@ -310,7 +310,7 @@ def test_a_program_that_outlives_its_sites_holders_still_runs():
     assert _trampoline.num_live_sites() == live_before - 1
     for _ in range(3):  # made anew from the program's own description, its kwargs included
         np.testing.assert_allclose(compiled(x), 3 * x)
-    remade = vars(op.definition)["_resolved"][key]
+    remade = op.definition._resolved[key]
     assert remade.serial != released and _sites._live[key] is remade
     assert _trampoline.num_live_sites() == live_before
 
