@@ -147,11 +147,13 @@ def dtype_name(dtype) -> str:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class OpDef:
-    """Everything the user passed when creating an op.
+    """Everything the user passed when creating an op, and this process's state of the op.
 
     Two definitions built from the same functions, flags and name are equal, so
     ops share compiled code. The name is part of the key because errors and
-    compiled programs carry it: an op must never run under another's name.
+    compiled programs carry it: an op must never run under another's name. The
+    state (the op's index among the ops of its name, its call sites, the ops of
+    its ``func_can_batch`` variants) plays no part in equality.
     """
 
     kind: OpKind

@@ -224,7 +224,8 @@ def site_for(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: boo
 
     ``padded``: the call's last operand is the validity operand of a batch XLA
     may pad (see ``_lowering._validity``); the handler calls nothing for
-    padding elements. Returns ``(handle, description)``.
+    padding elements. Returns the handle (its ``description`` and ``key`` are
+    what the custom call carries).
     """
     definition = role.op
     register_definition(definition)
