@@ -31,12 +31,13 @@ from . import _install_check
 
 _install_check.warn_if_shared()
 
-from ._api import Op, get_linear_call, get_nonlinear_call
+from ._api import get_linear_call, get_nonlinear_call
 from ._definition import JaxbindError
 from ._export import export
 from ._kwargs import load_kwargs
 from ._native import NativeKernel, get_include, native
 from ._numba import numba_kernel
+from ._op import Op
 from ._pure_callback import pure_callback
 from ._runtime import config
 from . import testing  # noqa: E402  (jaxbind.testing.check_op)

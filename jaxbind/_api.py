@@ -1,130 +1,16 @@
-"""The public constructors ``get_linear_call`` and ``get_nonlinear_call``: argument checks, building the definition."""
+"""The public constructors ``get_linear_call`` and ``get_nonlinear_call``: their arguments checked
+(``_arguments``), the definition built, the op made."""
 
 from __future__ import annotations
 
-import numbers
 from typing import Callable, Optional, Sequence, Tuple, Union
 
-import numpy as np
+from ._arguments import (as_callback, check_callable, check_flags, check_inplace, check_n_residuals, check_thread_safe,
+                         drop_fixed_places, named_callback)
+from ._definition import CallbackKind, Family, OpDef, OpKind
+from ._op import Op
 
-from ._definition import CallbackKind, Family, OpDef, OpKind, _name_of
-from ._native import as_kernel
-from ._op import _NO_KWARGS, Op  # noqa: F401  (Op is imported from here; tests use _NO_KWARGS)
-
-__all__ = ["Op", "get_linear_call", "get_nonlinear_call"]
-
-
-def _callback(value, what: str, name: Optional[str]):
-    """A callback as given: a Python callable, or a native kernel in any of its forms.
-
-    ``name`` is the op's, or None while the op is being named after ``f``.
-    """
-    kernel = as_kernel(value, what, name)
-    if kernel is not None:
-        return kernel
-    if not callable(value):
-        raise TypeError(
-            f"jaxbind op '{name or _name_of(value)}': {what} must be a Python callable or a native kernel (a ctypes "
-            f"function, a numba cfunc, a PyCapsule or jaxbind.native(address)), got {type(value).__name__}."
-        )
-    return value
-
-
-def _drop_fixed_places(name: str, f_T: tuple, abstract_T: tuple, n_fixed: int):
-    """Transposes and abstracts of a multilinear op, one per linear argument.
-
-    JAXbind's form indexes them by argument position, fixed arguments included,
-    with None in the fixed places: ``(None, f_T1)`` with ``first_n_args_fixed=1``.
-    """
-    if not any(t is None for t in f_T + abstract_T):
-        return f_T, abstract_T
-    places = [i for i, (t, a) in enumerate(zip(f_T, abstract_T)) if t is None or a is None]
-    if places != list(range(n_fixed)) or any(t is not None for t in f_T[:n_fixed] + abstract_T[:n_fixed]):
-        raise ValueError(
-            f"jaxbind op '{name}': f_T and abstract_T have None at positions {places}. None marks a "
-            f"fixed argument when the transposes are indexed by argument position, so it must be "
-            f"at exactly the first first_n_args_fixed={n_fixed} positions of both (then one "
-            "transpose per linear argument follows); otherwise give one transpose per linear "
-            "argument and no None."
-        )
-    return f_T[n_fixed:], abstract_T[n_fixed:]
-
-
-def _check_callable(value, what: str, name: str):
-    if not callable(value):
-        raise TypeError(f"jaxbind op '{name}': {what} must be callable, got {type(value).__name__}.")
-
-
-def _named_callback(f, name):
-    """``f`` as a callback, and the op's name: ``name`` when given, else the name of ``f``."""
-    if name is None:  # (the op is named after f: a kernel without a name of its own is refused)
-        f = _callback(f, "f", None)
-        return f, _name_of(f)
-    if not isinstance(name, str) or not name.strip():
-        error = TypeError if not isinstance(name, str) else ValueError
-        raise error(f"jaxbind op '{_name_of(f)}': name must be a non-empty string, got {name!r:.100}.")
-    return _callback(f, "f", name), name
-
-
-def _check_thread_safe(name: str, thread_safe) -> bool:
-    if not isinstance(thread_safe, (bool, np.bool_)):
-        raise TypeError(f"jaxbind op '{name}': thread_safe must be a bool, got {thread_safe!r:.100}.")
-    return bool(thread_safe)
-
-
-def _check_inplace(name: str, inplace) -> tuple:
-    """``inplace={output: argument}`` as sorted (output, argument) pairs; indices count every argument."""
-    if inplace is None:
-        return ()
-    if not isinstance(inplace, dict):
-        raise TypeError(
-            f"jaxbind op '{name}': inplace must be a dict {{output index: argument index}}, got {inplace!r:.100}.")
-    pairs = []
-    for out, arg in inplace.items():
-        for what, index in (("output", out), ("argument", arg)):
-            if isinstance(index, (bool, np.bool_)) or not isinstance(index, numbers.Integral) or index < 0:
-                raise ValueError(
-                    f"jaxbind op '{name}': inplace maps {out!r} to {arg!r}: the {what} index must be a "
-                    "non-negative integer (outputs in the order the abstract returns them, arguments "
-                    "counting the fixed ones).")
-        pairs.append((int(out), int(arg)))
-    args = [a for _, a in pairs]
-    shared = sorted({a for a in args if args.count(a) > 1})
-    if shared:
-        outs = [o for o, a in sorted(pairs) if a == shared[0]]
-        raise ValueError(
-            f"jaxbind op '{name}': inplace puts outputs {outs} on argument {shared[0]}: an argument's "
-            "memory can hold one output; give the other outputs memory of their own.")
-    return tuple(sorted(pairs))
-
-
-def _check_flags(name: str, first_n_args_fixed, func_can_batch, vmap_method):
-    if isinstance(first_n_args_fixed, bool) or not isinstance(first_n_args_fixed, numbers.Integral) \
-            or first_n_args_fixed < 0:
-        raise ValueError(
-            f"jaxbind op '{name}': first_n_args_fixed must be a non-negative integer, "
-            f"got {first_n_args_fixed!r}."
-        )
-    if not isinstance(func_can_batch, (bool, np.bool_)):
-        raise TypeError(f"jaxbind op '{name}': func_can_batch must be a bool, got {func_can_batch!r}.")
-    if not isinstance(vmap_method, str) or vmap_method not in VMAP_METHODS:
-        raise ValueError(
-            f"jaxbind op '{name}': vmap_method must be one of {', '.join(map(repr, VMAP_METHODS))} "
-            f"(as for jax.pure_callback), got {vmap_method!r:.100}."
-        )
-    if func_can_batch and vmap_method != "sequential":
-        raise ValueError(
-            f"jaxbind op '{name}': func_can_batch=True and vmap_method={vmap_method!r} both say how "
-            "the callbacks see a batch; give one of them. func_can_batch: the callbacks get "
-            "batch_axes and handle any layout; vmap_method='expand_dims' or 'broadcast_all': they "
-            "get every batch level as a leading axis and need no batch_axes."
-        )
-    return int(first_n_args_fixed), bool(func_can_batch), vmap_method
-
-
-# How a vmapped op hands its batch to the callbacks; the values and meaning of
-# jax.pure_callback's vmap_method (see _batching).
-VMAP_METHODS = ("sequential", "expand_dims", "broadcast_all")
+__all__ = ["get_linear_call", "get_nonlinear_call"]
 
 
 def get_linear_call(
@@ -305,9 +191,9 @@ def get_linear_call(
     >>> y, = op(jnp.arange(3.0), factor=2.0)
     >>> g = jax.grad(lambda x: jnp.sum(op(x, factor=2.0)[0] ** 2))(jnp.arange(3.0))
     """
-    f, name = _named_callback(f, name)
-    _check_callable(abstract, "abstract", name)
-    first_n_args_fixed, func_can_batch, vmap_method = _check_flags(
+    f, name = named_callback(f, name)
+    check_callable(abstract, "abstract", name)
+    first_n_args_fixed, func_can_batch, vmap_method = check_flags(
         name, first_n_args_fixed, func_can_batch, vmap_method)
     if isinstance(f_T, (tuple, list)):
         if not isinstance(abstract_T, (tuple, list)) or len(abstract_T) != len(f_T):
@@ -315,12 +201,12 @@ def get_linear_call(
                 f"jaxbind op '{name}': f_T is a tuple of {len(f_T)} transposes (a multilinear op), "
                 f"so abstract_T must be a tuple of as many abstract functions, got {abstract_T!r:.100}."
             )
-        f_T, abstract_T = _drop_fixed_places(name, tuple(f_T), tuple(abstract_T), first_n_args_fixed)
+        f_T, abstract_T = drop_fixed_places(name, tuple(f_T), tuple(abstract_T), first_n_args_fixed)
         if not f_T:
             raise ValueError(f"jaxbind op '{name}': f_T is an empty tuple; give one transpose per linear argument.")
-        f_T = tuple(_callback(t, f"f_T[{i}]", name) for i, t in enumerate(f_T))
+        f_T = tuple(as_callback(t, f"f_T[{i}]", name) for i, t in enumerate(f_T))
         for i, a in enumerate(abstract_T):
-            _check_callable(a, f"abstract_T[{i}]", name)
+            check_callable(a, f"abstract_T[{i}]", name)
         family = Family(
             callbacks=tuple(f_T) + (f,),
             abstracts=tuple(abstract_T) + (abstract,),
@@ -335,8 +221,8 @@ def get_linear_call(
                 f"jaxbind op '{name}': abstract_T is a tuple but f_T is a single function; "
                 "pass tuples for both (a multilinear op) or single functions for both."
             )
-        f_T = _callback(f_T, "f_T", name)
-        _check_callable(abstract_T, "abstract_T", name)
+        f_T = as_callback(f_T, "f_T", name)
+        check_callable(abstract_T, "abstract_T", name)
         family = Family(
             callbacks=(f_T, f), abstracts=(abstract_T, abstract),
             kinds=(CallbackKind.TRANSPOSE, CallbackKind.FORWARD),
@@ -344,7 +230,7 @@ def get_linear_call(
         )
         kind = OpKind.LINEAR
     return Op(OpDef(kind, name, (family,), first_n_args_fixed, func_can_batch, vmap_method,
-                    thread_safe=_check_thread_safe(name, thread_safe), inplace=_check_inplace(name, inplace)))
+                    thread_safe=check_thread_safe(name, thread_safe), inplace=check_inplace(name, inplace)))
 
 
 def get_nonlinear_call(
@@ -475,15 +361,11 @@ def get_nonlinear_call(
     >>> op = jaxbind.get_nonlinear_call(f, (f_jvp, f_vjp), abstract, abstract)
     >>> g = jax.grad(lambda x: jnp.sum(op(x)[0]))(jnp.linspace(0.0, 1.0, 5))
     """
-    f, name = _named_callback(f, name)
-    _check_callable(abstract, "abstract", name)
-    first_n_args_fixed, func_can_batch, vmap_method = _check_flags(
+    f, name = named_callback(f, name)
+    check_callable(abstract, "abstract", name)
+    first_n_args_fixed, func_can_batch, vmap_method = check_flags(
         name, first_n_args_fixed, func_can_batch, vmap_method)
-    if isinstance(n_residuals, (bool, np.bool_)) or not isinstance(n_residuals, numbers.Integral):
-        raise TypeError(f"jaxbind op '{name}': n_residuals must be a non-negative integer, got {n_residuals!r:.100}.")
-    if n_residuals < 0:
-        raise ValueError(f"jaxbind op '{name}': n_residuals must be a non-negative integer, got {n_residuals!r}.")
-    n_residuals = int(n_residuals)
+    n_residuals = check_n_residuals(name, n_residuals)
     forward = Family(callbacks=(f,), abstracts=(abstract,), kinds=(CallbackKind.FORWARD,), labels=("forward",),
                      linear=False)
     if f_derivative is None:
@@ -493,7 +375,7 @@ def get_nonlinear_call(
                 "abstract_reverse is given; pass None for both, or give f_derivative=(f_jvp, f_vjp)."
             )
         return Op(OpDef(OpKind.NONLINEAR, name, (forward,), first_n_args_fixed, func_can_batch, vmap_method,
-                        n_residuals, _check_thread_safe(name, thread_safe), inplace=_check_inplace(name, inplace)))
+                        n_residuals, check_thread_safe(name, thread_safe), inplace=check_inplace(name, inplace)))
     if not isinstance(f_derivative, (tuple, list)) or len(f_derivative) != 2:
         raise TypeError(
             f"jaxbind op '{name}': f_derivative must be a pair (f_jvp, f_vjp), or None for an op "
@@ -511,13 +393,13 @@ def get_nonlinear_call(
             f"jaxbind op '{name}': abstract_reverse is None but f_derivative is given; it "
             "describes the outputs of f_vjp. (Pass None for both for an op without derivatives.)"
         )
-    _check_callable(abstract_reverse, "abstract_reverse", name)
-    f_jvp = _callback(f_derivative[0], "f_jvp (f_derivative[0])", name)
-    f_vjp = _callback(f_derivative[1], "f_vjp (f_derivative[1])", name)
+    check_callable(abstract_reverse, "abstract_reverse", name)
+    f_jvp = as_callback(f_derivative[0], "f_jvp (f_derivative[0])", name)
+    f_vjp = as_callback(f_derivative[1], "f_vjp (f_derivative[1])", name)
     derivative = Family(
         callbacks=(f_vjp, f_jvp), abstracts=(abstract_reverse, abstract),
         kinds=(CallbackKind.VJP, CallbackKind.JVP), labels=("vjp callback", "jvp callback"), linear=True,
     )
     return Op(OpDef(OpKind.NONLINEAR, name, (forward, derivative), first_n_args_fixed, func_can_batch,
-                    vmap_method, n_residuals, _check_thread_safe(name, thread_safe),
-                    inplace=_check_inplace(name, inplace)))
+                    vmap_method, n_residuals, check_thread_safe(name, thread_safe),
+                    inplace=check_inplace(name, inplace)))

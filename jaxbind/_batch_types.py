@@ -1,7 +1,8 @@
-"""How a call is batched (not at all, walked by jaxbind, or by the callback), and what each means to the rules.
+"""How a call is batched (not at all, walked by jaxbind, or by the callback itself: self-batched), and what
+each means to the rules.
 
 The primitive's ``batch`` parameter is None, a :class:`WalkBatch` or a
-:class:`NativeBatch`. What the rules do differently for each (the output
+:class:`SelfBatch`. What the rules do differently for each (the output
 types, the jvp call, the transpose, the call site's layout) is a method of
 each kind, so that every rule is written once; :func:`as_batch` gives the
 object with those methods for a parameter, :data:`UNBATCHED` for None.
@@ -19,7 +20,7 @@ import numpy as np
 from ._bind import bind
 from ._definition import Role, _name_of
 from ._jax_compat import get_aval
-from ._validation import call_abstract, check_input_dtypes, check_size, structs
+from ._user_abstract import call_abstract, check_input_dtypes, check_size, structs
 
 
 class TransposePlan(NamedTuple):
@@ -178,8 +179,8 @@ class WalkBatch:
 
 
 @dataclasses.dataclass(frozen=True)
-class NativeBatch:
-    """Batched by the callback itself (``func_can_batch``).
+class SelfBatch:
+    """Batched by the callback itself (``func_can_batch``): a self-batched call.
 
     ``in_axes[i]`` are the batch axes of input ``i`` (the ``batch_axes`` the
     callback sees), one per level, oldest level first, or ``()`` for an input
@@ -236,8 +237,8 @@ class NativeBatch:
         # Tangents are batched like their primals, residuals as f wrote them;
         # the output tangents go where f's outputs are.
         in_axes = self.in_axes + self.out_axes[n_out:] + self.in_axes[role.n_fixed:]
-        out_axes, _ = native_out_layout(jvp_role, args, in_axes, kwargs)
-        tangents = bind(args, jvp_role, kwargs, NativeBatch(in_axes, out_axes, self.sizes))
+        out_axes, _ = self_batched_out_layout(jvp_role, args, in_axes, kwargs)
+        tangents = bind(args, jvp_role, kwargs, SelfBatch(in_axes, out_axes, self.sizes))
         return [move_levels(t, src, self.out_axes[j]) for t, src, j in zip(tangents, out_axes, inexact)]
 
     def transpose(self, role: Role, new_role: Role, group, args, new_args, n_cts: int, kwargs) -> TransposePlan:
@@ -246,7 +247,7 @@ class NativeBatch:
         slot, start, stop = group
         n_fixed = role.n_fixed
         in_axes = tuple(role.regroup(slot, self.in_axes[:n_fixed], self.in_axes[n_fixed:], self.out_axes))
-        out_axes, outs = native_out_layout(new_role, new_args, in_axes, kwargs)
+        out_axes, outs = self_batched_out_layout(new_role, new_args, in_axes, kwargs)
         moves = list(zip(out_axes, self.in_axes[start:stop]))
         if len(outs) == len(moves):
             declared = [_moved_shape(shape, src, dst) for (shape, _, _), (src, dst) in zip(outs, moves)]
@@ -255,11 +256,11 @@ class NativeBatch:
 
         def finish(results):
             return [move_levels(r, src, dst) for r, (src, dst) in zip(results, moves)]
-        return TransposePlan(NativeBatch(in_axes, out_axes, self.sizes), declared,
+        return TransposePlan(SelfBatch(in_axes, out_axes, self.sizes), declared,
                              _linear_shapes(args, start, stop), finish)
 
 
-Batch = Optional[Union[WalkBatch, NativeBatch]]
+Batch = Optional[Union[WalkBatch, SelfBatch]]
 
 
 def as_batch(batch: Batch):
@@ -268,7 +269,7 @@ def as_batch(batch: Batch):
 
 
 # ---------------------------------------------------------------------------
-# Batch axes of natively batched calls
+# Batch axes of self-batched calls
 # ---------------------------------------------------------------------------
 
 
@@ -285,8 +286,8 @@ def _peel(axes, shape):
     return tuple(a - 1 if a > last else a for a in axes[:-1]), shape[:last] + shape[last + 1:]
 
 
-def native_out_layout(role: Role, args, in_axes, kwargs):
-    """Output batch axes of a natively batched role that was never batched itself.
+def self_batched_out_layout(role: Role, args, in_axes, kwargs):
+    """Output batch axes of a self-batched role that was never batched itself.
 
     Its abstract tells where each level's output axis goes given the older
     levels, so replay the levels one at a time, oldest first, as vmap would

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ._batch_types import Batch, NativeBatch, WalkBatch, as_batch, shift_axes
+from ._batch_types import Batch, SelfBatch, WalkBatch, as_batch, shift_axes
 from ._bind import bind
 from ._definition import Role
 from ._jax_compat import get_aval
 from ._kwargs import Kwargs
-from ._validation import call_abstract, structs
+from ._user_abstract import call_abstract, structs
 
 
 def jaxbind_batch(args, dims, *, role: Role, kwargs: Kwargs, batch: Batch):
@@ -19,7 +19,7 @@ def jaxbind_batch(args, dims, *, role: Role, kwargs: Kwargs, batch: Batch):
             "'sequential', 'sequential_unrolled', 'expand_dims', 'broadcast_all', or "
             "'legacy_vectorized'. Got vmap_method=None.")
     if role.op.func_can_batch:
-        return _batch_native(args, dims, role, kwargs, as_batch(batch))
+        return _batch_self(args, dims, role, kwargs, as_batch(batch))
     return _batch_walk(args, dims, role, kwargs, as_batch(batch))
 
 
@@ -49,7 +49,7 @@ def _batch_walk(args, dims, role: Role, kwargs: Kwargs, batch):
     return outs, [0] * len(outs)
 
 
-def _batch_native(args, dims, role: Role, kwargs: Kwargs, batch):
+def _batch_self(args, dims, role: Role, kwargs: Kwargs, batch):
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     sizes = batch.sizes
     new_args, in_axes = [], []
@@ -70,5 +70,5 @@ def _batch_native(args, dims, role: Role, kwargs: Kwargs, batch):
     outs_abstract = call_abstract(role, structs(map(get_aval, new_args)), kwargs, batch_axes=in_axes, want_axis=True)
     out_new = [axis for _, _, axis in outs_abstract]
     out_axes = tuple(shift_axes(axes, a) for axes, a in zip(batch.out_axes_for(len(out_new)), out_new))
-    outs = bind(new_args, role, kwargs, NativeBatch(in_axes, out_axes, sizes + (size,)))
+    outs = bind(new_args, role, kwargs, SelfBatch(in_axes, out_axes, sizes + (size,)))
     return outs, out_new

@@ -29,8 +29,10 @@ are enums; the rules decide by them, never by the text of a label.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
+import weakref
 from typing import Callable, Optional, Tuple
 
 import jax
@@ -145,11 +147,13 @@ def dtype_name(dtype) -> str:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class OpDef:
-    """Everything the user passed when creating an op.
+    """Everything the user passed when creating an op, and this process's state of the op.
 
     Two definitions built from the same functions, flags and name are equal, so
     ops share compiled code. The name is part of the key because errors and
-    compiled programs carry it: an op must never run under another's name.
+    compiled programs carry it: an op must never run under another's name. The
+    state (the op's index among the ops of its name, its call sites, the ops of
+    its ``func_can_batch`` variants) plays no part in equality.
     """
 
     kind: OpKind
@@ -166,7 +170,17 @@ class OpDef:
     # ((output, argument), ...): forward outputs that are arguments updated in place (see _lowering)
     inplace: Tuple[Tuple[int, int], ...] = ()
 
-    def __post_init__(self):  # parameters are hashed often while tracing: once is enough
+    # This process's state of the op, kept with the definition (it dies with it). Not part of
+    # equality, not copied by dataclasses.replace (a variant is another op); set by the methods below.
+    _hash: int = dataclasses.field(init=False, repr=False)  # parameters are hashed often while tracing
+    _index: Optional[int] = dataclasses.field(default=None, init=False, repr=False)  # see take_index
+    # (role, kwargs, batch, padded, avals) -> SiteHandle, while a program holds it (see _sites)
+    _sites: Optional[weakref.WeakValueDictionary] = dataclasses.field(default=None, init=False, repr=False)
+    # key -> SiteHandle made for a program's key, the newest last (see keep_resolved)
+    _resolved: Optional[collections.OrderedDict] = dataclasses.field(default=None, init=False, repr=False)
+    _ops: dict = dataclasses.field(default_factory=dict, init=False, repr=False)  # func_can_batch -> Op
+
+    def __post_init__(self):
         object.__setattr__(self, "_hash", hash(self._key()))
 
     def _key(self):
@@ -181,6 +195,48 @@ class OpDef:
 
     def __repr__(self):
         return self.name
+
+    # -- this process's state of the op ---------------------------------------
+
+    def op_with(self, func_can_batch: bool, make: Callable):
+        """The op of this definition, or of its variant with another ``func_can_batch`` (``Op.of``):
+        ``make(definition)`` once per flag, then kept here."""
+        op = self._ops.get(func_can_batch)
+        if op is None:
+            variant = self
+            if func_can_batch != self.func_can_batch:
+                variant = dataclasses.replace(self, func_can_batch=func_can_batch)
+            op = self._ops[func_can_batch] = make(variant)
+        return op
+
+    @property
+    def index(self) -> Optional[int]:
+        """The op's place among this process's ops of its name (``_sites``); None until it has one."""
+        return self._index
+
+    def take_index(self, index: int) -> None:
+        """Give the op its index (once, by ``_sites.register_definition``) and its tables of call sites."""
+        object.__setattr__(self, "_index", index)
+        object.__setattr__(self, "_sites", weakref.WeakValueDictionary())
+        object.__setattr__(self, "_resolved", collections.OrderedDict())
+
+    def site(self, memo_key):
+        """The handle of the op's live call site for ``memo_key`` (``_sites.site_for``), or None."""
+        return self._sites.get(memo_key)
+
+    def keep_site(self, memo_key, handle) -> None:
+        """Find ``handle`` again by ``memo_key`` while a program holds it (weakly: it goes with them)."""
+        self._sites[memo_key] = handle
+
+    def keep_resolved(self, key: int, handle, limit: int) -> None:
+        """Hold a site made anew for a program's key; past ``limit`` the oldest goes (made again if called)."""
+        resolved = self._resolved
+        resolved[key] = handle
+        resolved.move_to_end(key)
+        while len(resolved) > limit:
+            resolved.popitem(last=False)
+
+    # -- what the op is -------------------------------------------------------
 
     @property
     def has_native(self) -> bool:

@@ -1,15 +1,23 @@
-"""Static keyword arguments of an op call: serialized once, keyed by value."""
+"""Keyword arguments of an op call, in every form they take: the ``Kwargs`` the primitive carries (pickled
+once, canonically, and keyed by value), the dump a Python callback reads back (:func:`load_kwargs`),
+the plain data read from a program made elsewhere (:func:`load_plain`), and the typed entries a native
+kernel gets (:func:`kernel_kwargs`)."""
 
 from __future__ import annotations
 
 import io
+import numbers
 import pickle
 from typing import Any
 
 import jax
 import numpy as np
 
-__all__ = ["Kwargs", "load_kwargs"]
+from . import _trampoline
+from ._definition import JaxbindError
+
+__all__ = ["KW_BOOL", "KW_FLOAT", "KW_FLOAT_ARRAY", "KW_INT", "KW_INT_ARRAY", "KW_STRING", "Kwargs", "kernel_kwargs",
+           "load_kwargs", "load_plain", "native_kwarg_entry"]
 
 
 def load_kwargs(kwargs_dump) -> dict:
@@ -143,6 +151,18 @@ class Kwargs:
         kwargs.dump, kwargs._hash = dump, hash(dump)
         return kwargs
 
+    @classmethod
+    def from_program(cls, dump: bytes, op_name: str, ours: bool) -> "Kwargs":
+        """Kwargs from the bytes a program's description carries.
+
+        ``ours``: the program's key is one this process registered, so the bytes
+        are this process's own (the key is their digest) and are read as the op
+        wrote them; other bytes are read as plain data only (:func:`load_plain`).
+        """
+        if ours:
+            return cls.from_dump(dump)
+        return cls(load_plain(dump, f"op '{op_name}'"), op_name)
+
     @property
     def values(self) -> dict:
         """The kwargs, unpickled anew (a snapshot taken when the op was called)."""
@@ -176,3 +196,110 @@ def _short_repr(value) -> str:
         return f"array{list(value.shape)}:{value.dtype}"
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+# ---------------------------------------------------------------------------
+# Kwargs from a program made elsewhere
+# ---------------------------------------------------------------------------
+
+# What kwargs read from a program may be made of: plain data, never a callable.
+_PLAIN_GLOBALS = {
+    ("builtins", n) for n in ("complex", "set", "frozenset", "slice", "range", "bytearray")
+} | {("collections", "OrderedDict")} | {
+    (module, n)
+    for module in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray",
+                   "numpy.core.numeric", "numpy._core.numeric")
+    for n in ("_reconstruct", "ndarray", "dtype", "scalar", "_frombuffer")
+}
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) in _PLAIN_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def load_plain(dump: bytes, label: str) -> dict:
+    """Kwargs from a program's bytes, built only from plain data types."""
+    try:
+        values = _PlainUnpickler(io.BytesIO(dump)).load()
+        if not isinstance(values, dict):
+            raise pickle.UnpicklingError("not a dict")
+    except Exception as err:
+        raise JaxbindError(
+            f"jaxbind {label}: the program's kwargs cannot be read here ({err}): kwargs travel in "
+            "a serialized program only as plain data (numbers, strings, bools, None, lists, "
+            "tuples, dicts, sets and NumPy arrays or scalars).") from None
+    return values
+
+
+# ---------------------------------------------------------------------------
+# Kwargs of a native kernel: typed entries (jaxbind.h)
+# ---------------------------------------------------------------------------
+
+# enum jaxbind_kwarg_type in jaxbind.h
+KW_INT, KW_FLOAT, KW_BOOL, KW_STRING, KW_INT_ARRAY, KW_FLOAT_ARRAY = (
+    _trampoline.KWARG_TYPES[name]
+    for name in ("int", "float", "bool", "string", "int_array", "float_array"))
+
+
+def kernel_kwargs(values: dict, label: str, batch_axes=None, n_in: int = 0, can_batch=False):
+    """The op call's kwargs as ``(name, type, value)`` entries for a native kernel.
+
+    With ``can_batch``, adds ``batch_levels`` and the flat ``batch_axes`` the
+    header describes (from a tuple per input of its batch axes, or None).
+    """
+    entries = [native_kwarg_entry(key, value, label) for key, value in values.items()]
+    if can_batch:
+        levels = max((len(axes) for axes in batch_axes), default=0) if batch_axes else 0
+        flat = []
+        for axes in batch_axes or ((),) * n_in:
+            flat += list(axes) if axes else [-1] * levels
+        entries += [("batch_levels", KW_INT, levels), ("batch_axes", KW_INT_ARRAY, flat)]
+    return entries
+
+
+def native_kwarg_entry(key, value, label: str):
+    """``(name, type code, value)`` of one kwarg for a native kernel; refuses what a kernel cannot take."""
+
+    def refuse(why=""):
+        return TypeError(
+            f"jaxbind {label}: keyword argument '{key}' ({type(value).__name__}{why}) cannot be "
+            "passed to a native kernel, which takes ints, floats, bools, strings and 1-d "
+            "sequences or arrays of ints or floats."
+        )
+
+    if isinstance(value, (bool, np.bool_)):
+        return (key, KW_BOOL, int(value))
+    if isinstance(value, (numbers.Integral, np.integer)):
+        if not -(1 << 63) <= int(value) < (1 << 63):
+            raise refuse(": does not fit in 64 bits")
+        return (key, KW_INT, int(value))
+    if isinstance(value, (numbers.Real, np.floating)):
+        return (key, KW_FLOAT, float(value))
+    if isinstance(value, str):
+        if "\0" in value:
+            raise refuse(": contains a NUL character")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise refuse(": not valid UTF-8, it contains a lone surrogate") from None
+        return (key, KW_STRING, value)
+    if isinstance(value, (list, tuple, np.ndarray)):
+        try:
+            array = np.asarray(value)
+        except Exception:
+            raise refuse() from None
+        if array.ndim != 1:
+            raise refuse(f" of {array.ndim} dimensions")
+        if np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_ or (
+                array.size == 0 and not isinstance(value, np.ndarray)):  # [] counts as ints
+            ints = [int(v) for v in array]
+            if not all(-(1 << 63) <= v < (1 << 63) for v in ints):
+                raise refuse(f" of dtype {array.dtype}: an entry does not fit in a signed 64-bit integer")
+            return (key, KW_INT_ARRAY, ints)
+        if np.issubdtype(array.dtype, np.floating):
+            return (key, KW_FLOAT_ARRAY, [float(v) for v in array])
+        raise refuse(f" of dtype {array.dtype}")
+    raise refuse()

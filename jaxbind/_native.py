@@ -16,13 +16,7 @@ import numpy as np
 
 from . import _trampoline
 
-__all__ = ["NativeKernel", "as_kernel", "get_include", "kernel_kwargs", "native"]
-
-# enum jaxbind_kwarg_type in jaxbind.h
-KW_INT, KW_FLOAT, KW_BOOL, KW_STRING, KW_INT_ARRAY, KW_FLOAT_ARRAY = (
-    _trampoline.KWARG_TYPES[name]
-    for name in ("int", "float", "bool", "string", "int_array", "float_array"))
-
+__all__ = ["NativeKernel", "as_kernel", "get_include", "native"]
 
 def get_include() -> str:
     """The folder holding ``jaxbind.h`` and its Fortran twin ``jaxbind.f90``.
@@ -367,62 +361,3 @@ def _runs_python(function) -> bool:
     """Whether a ctypes function object is ``CFUNCTYPE(...)(python_callable)`` (its thunk runs Python)."""
     held = getattr(function, "_objects", None) or {}
     return any(type(o).__name__ == "CThunkObject" for o in held.values())
-
-
-def _kwarg_entry(key, value, label: str):
-    def refuse(why=""):
-        return TypeError(
-            f"jaxbind {label}: keyword argument '{key}' ({type(value).__name__}{why}) cannot be "
-            "passed to a native kernel, which takes ints, floats, bools, strings and 1-d "
-            "sequences or arrays of ints or floats."
-        )
-
-    if isinstance(value, (bool, np.bool_)):
-        return (key, KW_BOOL, int(value))
-    if isinstance(value, (numbers.Integral, np.integer)):
-        if not -(1 << 63) <= int(value) < (1 << 63):
-            raise refuse(": does not fit in 64 bits")
-        return (key, KW_INT, int(value))
-    if isinstance(value, (numbers.Real, np.floating)):
-        return (key, KW_FLOAT, float(value))
-    if isinstance(value, str):
-        if "\0" in value:
-            raise refuse(": contains a NUL character")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise refuse(": not valid UTF-8, it contains a lone surrogate") from None
-        return (key, KW_STRING, value)
-    if isinstance(value, (list, tuple, np.ndarray)):
-        try:
-            array = np.asarray(value)
-        except Exception:
-            raise refuse() from None
-        if array.ndim != 1:
-            raise refuse(f" of {array.ndim} dimensions")
-        if np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_ or (
-                array.size == 0 and not isinstance(value, np.ndarray)):  # [] counts as ints
-            ints = [int(v) for v in array]
-            if not all(-(1 << 63) <= v < (1 << 63) for v in ints):
-                raise refuse(f" of dtype {array.dtype}: an entry does not fit in a signed 64-bit integer")
-            return (key, KW_INT_ARRAY, ints)
-        if np.issubdtype(array.dtype, np.floating):
-            return (key, KW_FLOAT_ARRAY, [float(v) for v in array])
-        raise refuse(f" of dtype {array.dtype}")
-    raise refuse()
-
-
-def kernel_kwargs(values: dict, label: str, batch_axes=None, n_in: int = 0, can_batch=False):
-    """The op call's kwargs as ``(name, type, value)`` entries for a native kernel.
-
-    With ``can_batch``, adds ``batch_levels`` and the flat ``batch_axes`` the
-    header describes (from a tuple per input of its batch axes, or None).
-    """
-    entries = [_kwarg_entry(key, value, label) for key, value in values.items()]
-    if can_batch:
-        levels = max((len(axes) for axes in batch_axes), default=0) if batch_axes else 0
-        flat = []
-        for axes in batch_axes or ((),) * n_in:
-            flat += list(axes) if axes else [-1] * levels
-        entries += [("batch_levels", KW_INT, levels), ("batch_axes", KW_INT_ARRAY, flat)]
-    return entries

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import numbers
 from typing import NamedTuple
@@ -11,11 +10,11 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
+from . import _primitive  # noqa: F401  (registers the primitive's rules with JAX)
+from ._bind import bind
 from ._definition import OpDef, OpKind, Role
 from ._jax_compat import runtime_error_of_fast_path
-from ._kwargs import Kwargs
-from ._native import kernel_kwargs
-from ._primitive import bind
+from ._kwargs import Kwargs, kernel_kwargs
 from ._sites import register_definition
 
 __all__ = ["Op"]
@@ -27,7 +26,7 @@ class OpFunction(NamedTuple):
     Code written for JAXbind reads ops as ``functools.partial(call, _func=...)``
     and may make a variant with ``op.keywords["_func"]._replace(can_batch=False)``
     and ``functools.partial(op.func, **keywords)``: that variant is the same op
-    without native batching (vmap then walks the batch).
+    without the callbacks' own batching (vmap then walks the batch).
     """
 
     definition: OpDef
@@ -139,7 +138,7 @@ class Op(functools.partial):
 
         What ``op.func`` calls: code written for JAXbind may make a variant of
         an op with ``op.keywords["_func"]._replace(can_batch=False)``, which is
-        the same op without native batching (vmap then walks the batch).
+        the same op without the callbacks' own batching (vmap then walks the batch).
 
         Parameters
         ----------
@@ -154,16 +153,7 @@ class Op(functools.partial):
             ``function.can_batch``; made once per definition and flag, then
             reused.
         """
-        definition = function.definition
-        if function.can_batch == definition.func_can_batch:
-            variant = definition
-        else:
-            variant = dataclasses.replace(definition, func_can_batch=bool(function.can_batch))
-        ops = vars(definition).setdefault("_variant_ops", {})
-        op = ops.get(variant.func_can_batch)
-        if op is None:
-            op = ops[variant.func_can_batch] = Op(variant)
-        return op
+        return function.definition.op_with(bool(function.can_batch), Op)
 
     def __reduce__(self):
         return (Op, (self.definition,))

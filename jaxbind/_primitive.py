@@ -1,26 +1,24 @@
-"""The jaxbind primitive: every rule JAX calls for it, registered in one block.
+"""The jaxbind primitive: every rule JAX calls for it, registered in one block (at import).
 
 Every op binds the same primitive (``_bind``) with static parameters ``role``,
 ``kwargs`` and ``batch``; each rule is written once, in its own module, and
-reads the op definition through the role.
+reads the op definition through the role. This module exports nothing: importing
+it registers the rules (``_op`` does).
 """
 
 from __future__ import annotations
 
 import functools
 
-from ._abstract import jaxbind_abstract_eval
+from ._abstract_eval import jaxbind_abstract_eval
 from ._autodiff import jaxbind_jvp, jaxbind_transpose
-from ._batch_types import NativeBatch, WalkBatch  # noqa: F401  (the batch parameter's types)
 from ._batching import jaxbind_batch
-from ._bind import PRIMITIVES, bind, jaxbind_p, jaxbind_pinned_p
+from ._bind import PRIMITIVES, jaxbind_pinned_p
 from ._definition import Role
 from ._jax_compat import ad, apply_primitive, batching, hold_weakly_in_jax_caches, mlir, needs_devices_to_lower, register_replication_rules
 from ._lowering import jaxbind_lowering
-from ._runtime import ASYNC_TARGET, SUPPORTED_DTYPES, TARGET  # noqa: F401
-from ._validation import is_differentiable  # noqa: F401
 
-__all__ = ["SUPPORTED_DTYPES", "bind", "is_differentiable", "jaxbind_p", "jaxbind_pinned_p"]
+__all__ = []
 
 # ---------------------------------------------------------------------------
 # Registration: the only place the primitive meets JAX's rule tables

@@ -26,9 +26,9 @@ from typing import Any, Callable, Optional
 import jax
 import numpy as np
 
-from ._api import Op
 from ._definition import CallbackKind, Family, OpDef, OpKind
 from ._jax_compat import at_top_level, canonicalize_dtype
+from ._op import Op
 
 __all__ = ["pure_callback", "VMAP_METHODS"]
 

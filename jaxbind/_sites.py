@@ -43,11 +43,8 @@ definition keeps the last :data:`RESOLVED_KEPT` sites made so.
 from __future__ import annotations
 
 import base64
-import collections
 import hashlib
-import io
 import json
-import pickle
 import threading
 import weakref
 
@@ -55,10 +52,10 @@ import jax
 import numpy as np
 
 from . import _trampoline
-from ._batch_types import NativeBatch, WalkBatch, as_batch
+from ._batch_types import SelfBatch, WalkBatch, as_batch
 from ._definition import JaxbindError, OpDef, Role, dtype_name
-from ._kwargs import Kwargs
-from ._native import NativeKernel, kernel_kwargs
+from ._kwargs import Kwargs, kernel_kwargs
+from ._native import NativeKernel
 
 __all__ = ["SCHEMA", "SiteHandle", "register_definition", "resolve", "site_for"]
 
@@ -110,15 +107,9 @@ class _Name:
         return [(ref(), i) for ref, i in self.defs]
 
 
-def _state(definition: OpDef) -> dict:
-    """Per-definition state kept on the definition (it dies with it)."""
-    return vars(definition)
-
-
 def register_definition(definition: OpDef) -> None:
     """Give a new op its index among the ops of its name (equal definitions share one)."""
-    state = _state(definition)
-    if "_index" in state:
+    if definition.index is not None:
         return
     with _lock:
         name = _names.setdefault(definition.name, _Name())
@@ -128,12 +119,7 @@ def register_definition(definition: OpDef) -> None:
         else:
             index, name.next_index = name.next_index, name.next_index + 1
             name.defs.append((weakref.ref(definition), index))
-        state["_index"] = index
-        # (role, kwargs, batch, padded, avals) -> handle, while a program holds it
-        state["_sites"] = weakref.WeakValueDictionary()
-        # key -> handle, sites made for programs made elsewhere or that outlived their
-        # holders, the newest last (at most RESOLVED_KEPT)
-        state["_resolved"] = collections.OrderedDict()
+        definition.take_index(index)
 
 
 def _definitions_named(name: str) -> list:
@@ -163,13 +149,19 @@ def _structure(definition: OpDef) -> dict:
     return structure
 
 
+# The description's field for a self-batched call. Its name since schema 1, from when that kind was
+# called "native" batching; kept, since renaming it would change the key of every such site and make
+# the programs made so far unreadable (a new schema).
+_SELF_BATCH_FIELD = "native"
+
+
 def _batch_json(batch):
     if batch is None:
         return None
     if isinstance(batch, WalkBatch):
         return {"walk": [[int(m) for m in mask] for mask in batch.masks]}
-    return {"native": [[list(a) for a in batch.in_axes], [list(a) for a in batch.out_axes],
-                       list(batch.sizes)]}
+    return {_SELF_BATCH_FIELD: [[list(a) for a in batch.in_axes], [list(a) for a in batch.out_axes],
+                                list(batch.sizes)]}
 
 
 def _batch_from_json(value):
@@ -177,8 +169,8 @@ def _batch_from_json(value):
         return None
     if "walk" in value:
         return WalkBatch(tuple(tuple(bool(m) for m in mask) for mask in value["walk"]))
-    in_axes, out_axes, sizes = value["native"]
-    return NativeBatch(tuple(map(tuple, in_axes)), tuple(map(tuple, out_axes)), tuple(sizes))
+    in_axes, out_axes, sizes = value[_SELF_BATCH_FIELD]
+    return SelfBatch(tuple(map(tuple, in_axes)), tuple(map(tuple, out_axes)), tuple(sizes))
 
 
 def _avals_json(avals):
@@ -217,7 +209,7 @@ def describe(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: boo
     }
     if not exported:
         register_definition(definition)
-        description["index"] = _state(definition)["_index"]
+        description["index"] = definition.index
     text = json.dumps(description, sort_keys=True, separators=(",", ":"))
     return text, key_of(text)
 
@@ -232,14 +224,14 @@ def site_for(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: boo
 
     ``padded``: the call's last operand is the validity operand of a batch XLA
     may pad (see ``_lowering._validity``); the handler calls nothing for
-    padding elements. Returns ``(handle, description)``.
+    padding elements. Returns the handle (its ``description`` and ``key`` are
+    what the custom call carries).
     """
     definition = role.op
     register_definition(definition)
-    memo = _state(definition)["_sites"]
     avals_in, avals_out = tuple(avals_in), tuple(avals_out)
     memo_key = (role, kwargs, batch, padded, avals_in, avals_out)
-    handle = memo.get(memo_key)
+    handle = definition.site(memo_key)
     if handle is None:
         callee_in = avals_in[:len(avals_in) - padded]
         text, key = describe(role, kwargs, batch, callee_in, avals_out, padded)
@@ -252,7 +244,7 @@ def site_for(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: boo
                 raise JaxbindError(
                     f"jaxbind {role.label}: its call site's key collides with another site's "
                     "(a 2**-63 event); rename the op (name=...) to change its key.")
-        memo[memo_key] = handle
+        definition.keep_site(memo_key, handle)
     return handle
 
 
@@ -332,16 +324,12 @@ def resolve(key: int, text: str) -> None:
     dump = base64.b64decode(description["kwargs"])
     with _lock:
         ours = key in _made_here  # then the bytes are this process's own (their digest is the key)
-    kwargs = Kwargs.from_dump(dump) if ours else Kwargs(_load_plain(dump, label), name)
+    kwargs = Kwargs.from_program(dump, name, ours)
     with _lock:
         handle = _live.get(key)
         if handle is None:
             handle = _register(role, kwargs, batch, avals_in, avals_out, padded, key, text)
-        resolved = _state(definition)["_resolved"]
-        resolved[key] = handle
-        resolved.move_to_end(key)
-        while len(resolved) > RESOLVED_KEPT:  # an older one is made anew if called again
-            resolved.popitem(last=False)
+        definition.keep_resolved(key, handle, RESOLVED_KEPT)
 
 
 def _read(text: str) -> dict:
@@ -383,38 +371,6 @@ def _find_definition(name: str, description: dict) -> OpDef:
         f"jaxbind op '{name}': the program calls op '{name}', and this process defines "
         f"{len(matches)} different ops of that name, so it cannot tell which: give them distinct "
         "name=... values.")
-
-
-# What kwargs read from a program may be made of: plain data, never a callable.
-_PLAIN_GLOBALS = {
-    ("builtins", n) for n in ("complex", "set", "frozenset", "slice", "range", "bytearray")
-} | {("collections", "OrderedDict")} | {
-    (module, n)
-    for module in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray",
-                   "numpy.core.numeric", "numpy._core.numeric")
-    for n in ("_reconstruct", "ndarray", "dtype", "scalar", "_frombuffer")
-}
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        if (module, name) in _PLAIN_GLOBALS:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name}")
-
-
-def _load_plain(dump: bytes, label: str) -> dict:
-    """Kwargs from a program's bytes, built only from plain data types."""
-    try:
-        values = _PlainUnpickler(io.BytesIO(dump)).load()
-        if not isinstance(values, dict):
-            raise pickle.UnpicklingError("not a dict")
-    except Exception as err:
-        raise JaxbindError(
-            f"jaxbind {label}: the program's kwargs cannot be read here ({err}): kwargs travel in "
-            "a serialized program only as plain data (numbers, strings, bools, None, lists, "
-            "tuples, dicts, sets and NumPy arrays or scalars).") from None
-    return values
 
 
 _trampoline.set_resolver(resolve)

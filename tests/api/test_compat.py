@@ -81,7 +81,7 @@ def test_ops_take_attributes_such_as_a_docstring():
 
 
 def batched_scale(out, args, kwargs_dump):
-    """y = 3 x; with native batching the batch axes arrive as a kwarg (and are ignored: elementwise)."""
+    """y = 3 x; self-batched, the batch axes arrive as a kwarg (and are ignored: elementwise)."""
     kwargs = jaxbind.load_kwargs(kwargs_dump)
     CALLS.append(kwargs.get("batch_axes"))
     out[0][...] = 3 * args[0]
@@ -96,9 +96,9 @@ def batched_like(x, batch_axes=None, **kwargs):
 CALLS = []
 
 
-def test_an_op_is_a_partial_whose_func_variant_drops_native_batching():
+def test_an_op_is_a_partial_whose_func_variant_drops_self_batching():
     # JAXbind's ops are functools.partial(call, _func=<namedtuple>); its own
-    # contrib tests make an op without native batching from those parts.
+    # contrib tests make an op without self-batching from those parts.
     op = jaxbind.get_linear_call(batched_scale, batched_scale, batched_like, batched_like,
                                  func_can_batch=True, name="partial_form")
     assert isinstance(op, functools.partial) and "_func" in op.keywords

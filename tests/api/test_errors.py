@@ -350,9 +350,9 @@ def test_op_jointly_linear_in_an_int_and_a_float_argument_differentiates_in_the_
 
 
 @pytest.mark.parametrize("declared", [1, 3])
-@pytest.mark.parametrize("batching", ["walked", "native"])
+@pytest.mark.parametrize("batching", ["walked", "self"])
 def test_cotangent_count_is_checked_under_vmap_too(declared, batching):
-    native = batching == "native"
+    self_batched = batching == "self"
 
     def axis_of(batch_axes):
         return () if batch_axes is None else (batch_axes[0][-1],)
@@ -367,7 +367,7 @@ def test_cotangent_count_is_checked_under_vmap_too(declared, batching):
         out[0][...] = args[0] * args[1]
 
     op = jaxbind.get_nonlinear_call(product_any, (product_any, product_any), forward_abstract, abstract_reverse,
-                                    func_can_batch=native)
+                                    func_can_batch=self_batched)
     loss = lambda a, b: jnp.sum(jax.vmap(lambda a, b: op(a, b)[0])(a, b))  # noqa: E731
     with pytest.raises(ValueError, match=rf"declares {declared} output\(s\).*2 linear argument\(s\)"):
         jax.grad(loss, argnums=1)(jnp.ones((2, 3)), jnp.ones((2, 3)))

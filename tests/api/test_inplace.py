@@ -99,7 +99,7 @@ def test_an_unmapped_argument_updated_in_place_is_broadcast():
     np.testing.assert_allclose(u, np.ones(3))
 
 
-def test_native_batching_aliases_each_element():
+def test_self_batching_aliases_each_element():
     def scale_rows(out, args, kwargs_dump):  # func_can_batch: any layout; u <- 3 u
         out[0][...] *= 3.0
 
@@ -206,7 +206,7 @@ def test_bad_mappings_are_refused_at_the_first_call(inplace, abstract, match):
             call(jnp.ones(5))
 
 
-def test_native_batching_must_keep_the_arguments_axis():
+def test_self_batching_must_keep_the_arguments_axis():
     def scale_rows(out, args, kwargs_dump):
         out[0][...] *= 3.0
 

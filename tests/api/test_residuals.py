@@ -340,7 +340,7 @@ def test_func_can_batch_with_residuals(rng):
     got = jax.jit(jax.vmap(jax.vmap(jax.grad(f), in_axes=1), in_axes=2))(x)
     want = jax.vmap(jax.vmap(jax.grad(f_ref), in_axes=1), in_axes=2)(x)
     np.testing.assert_allclose(got, want, rtol=1e-12)
-    assert count("exp_batched") == 1  # one natively batched call
+    assert count("exp_batched") == 1  # one self-batched call
     dx = rng.standard_normal((3, 4, 2))
     got = jax.jvp(jax.vmap(lambda x: exp_op(x)[0], in_axes=1, out_axes=1), (x,), (dx,))
     np.testing.assert_allclose(got[1], jnp.exp(x) * dx, rtol=1e-12)

@@ -128,7 +128,7 @@ def test_fft_nested_vmap_jit(op, ref, dtype, rand):
 
 @pmp("op,name,dtype", [(jaxducc0.c2c, "c2c", np.complex128), (jaxducc0.genuine_fht, "genuine_fht", np.float64)])
 def test_fft_vmap_is_one_ducc0_call(op, name, dtype, rand, monkeypatch):
-    """Native batching: a vmapped (and a vmapped, transposed) op is one ducc0 call for the whole batch."""
+    """Self-batching: a vmapped (and a vmapped, transposed) op is one ducc0 call for the whole batch."""
     xb = rand(6, 4, 5, dtype=dtype)
     f = jax.jit(jax.vmap(lambda v: op(v)[0]))
     g = jax.jit(jax.vmap(jax.grad(lambda v: jnp.sum(jnp.abs(op(v)[0]) ** 2))))

@@ -14,7 +14,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxbind  # noqa: E402
-from jaxbind import _numba  # noqa: E402
+from jaxbind._numba import _checks  # noqa: E402
 from zoo import like_last  # noqa: E402
 
 
@@ -114,14 +114,14 @@ def test_a_failing_transpose_names_the_op_and_the_callback():
 
 def test_without_numba_the_error_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "numba", None)  # import numba now fails
-    _numba._numba_or_raise.cache_clear()
+    _checks.numba_or_raise.cache_clear()
     try:
         with pytest.raises(ImportError, match=r"pip install 'jaxbind-ffi\[numba\]'"):
             jaxbind.numba_kernel(lambda out, args, kwargs: None)
     finally:
         monkeypatch.undo()
-        _numba._numba_or_raise.cache_clear()
-    assert _numba._numba_or_raise() is numba
+        _checks.numba_or_raise.cache_clear()
+    assert _checks.numba_or_raise() is numba
 
 
 # Kept for the whole session: a numba cfunc that is freed leaves llvmlite a dead weakref proxy, which

@@ -192,7 +192,7 @@ def test_the_struct_layout_numba_kernels_read_is_the_headers(tmp_path):
     compiler = os.environ.get("CC") or shutil.which("cc")
     if not compiler:
         pytest.skip("no C compiler")
-    from jaxbind import _numba
+    from jaxbind._numba import _call_struct
 
     source, library = tmp_path / "layout.c", tmp_path / "liblayout.so"
     source.write_text(LAYOUT_SOURCE)
@@ -205,8 +205,8 @@ def test_the_struct_layout_numba_kernels_read_is_the_headers(tmp_path):
     n = layout(out)
     values = list(out)[:n]
     mirrored = [getattr(struct, name).offset
-                for struct in (_numba._Call, _numba._Array, _numba._Kwarg) for name, _ in struct._fields_]
-    mirrored += [ctypes.sizeof(s) for s in (_numba._Call, _numba._Array, _numba._Kwarg)]
+                for struct in (_call_struct.Call, _call_struct.Array, _call_struct.Kwarg) for name, _ in struct._fields_]
+    mirrored += [ctypes.sizeof(s) for s in (_call_struct.Call, _call_struct.Array, _call_struct.Kwarg)]
     assert values == mirrored
     # the word indices the generated code uses
-    assert _numba.CALL["in_"] * 8 == values[5] and _numba.KWARG["float_value"] * 8 == values[18]
+    assert _call_struct.CALL["in_"] * 8 == values[5] and _call_struct.KWARG["float_value"] * 8 == values[18]

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import jaxbind
-from jaxbind import _primitive, _sites, _trampoline
+from jaxbind import _kwargs, _sites, _trampoline
+from jaxbind._runtime import TARGET
 
 like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
 
@@ -40,7 +41,7 @@ def description_of(fn, *args):
 
 def call_forged(text, key=None, shape=(2,)):
     key = _sites.key_of(text) if key is None else key
-    call = jax.ffi.ffi_call(_primitive.TARGET, jax.ShapeDtypeStruct(shape, jnp.float32))
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(shape, jnp.float32))
     x = jnp.arange(1, 1 + np.prod(shape), dtype=jnp.float32).reshape(shape)
     return np.asarray(jax.jit(lambda v: call(v, jaxbind=text, site=np.int64(key)))(x))
 
@@ -116,7 +117,7 @@ def test_kwargs_from_a_program_are_plain_data_only():
     assert not _Planted.called
     # numbers, arrays and containers do travel
     fine = {"a": [1, 2.5, 3j], "b": np.arange(3), "c": {"d": (None, True)}, "e": np.float32(2)}
-    assert _sites._load_plain(pickle.dumps(fine), "op 'x'")["b"].tolist() == [0, 1, 2]
+    assert _kwargs.load_plain(pickle.dumps(fine), "op 'x'")["b"].tolist() == [0, 1, 2]
 
 
 def test_export_in_process_and_duplicate_names():
@@ -352,7 +353,7 @@ def test_a_program_that_outlives_its_sites_holders_still_runs():
     assert _trampoline.num_live_sites() == live_before - 1
     for _ in range(3):  # made anew from the program's own description, its kwargs included
         np.testing.assert_allclose(compiled(x), 3 * x)
-    remade = vars(op.definition)["_resolved"][key]
+    remade = op.definition._resolved[key]
     assert remade.serial != released and _sites._live[key] is remade
     assert _trampoline.num_live_sites() == live_before
 

@@ -11,7 +11,6 @@ import pytest
 import jaxbind
 import zoo
 from _shared import errors_in_threads, sample
-from jaxbind import _primitive
 
 ALL_DTYPES = [
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",

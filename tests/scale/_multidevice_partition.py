@@ -454,14 +454,16 @@ def _partitioned_expand_dims():
 def _walk_mismatch():
     # A program that names a walked site but hands it an input whose batch
     # dimension differs from its output's: an error, never a walk past the end.
-    from jaxbind import _primitive as prim
+    from jaxbind._batch_types import WalkBatch
     from jaxbind._definition import Role
-    role = Role(linear_op.definition, 0, slot=1, n_fixed=0, in_sizes=(1,))
-    batch = prim.WalkBatch(((True,),))
+    from jaxbind._op import _NO_KWARGS
+    from jaxbind._runtime import TARGET
     from jaxbind._sites import site_for
+    role = Role(linear_op.definition, 0, slot=1, n_fixed=0, in_sizes=(1,))
+    batch = WalkBatch(((True,),))
     aval = jax.core.ShapedArray((8, 4), jnp.float64)
-    site = site_for(role, jaxbind._api._NO_KWARGS, batch, [aval], [aval])
-    call = jax.ffi.ffi_call(prim.TARGET, jax.ShapeDtypeStruct((8, 4), jnp.float64))
+    site = site_for(role, _NO_KWARGS, batch, [aval], [aval])
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((8, 4), jnp.float64))
     try:
         np.asarray(jax.jit(lambda a: call(a, jaxbind=site.description, site=np.int64(site.key)))(jnp.ones((3, 4))))
     except Exception as err:

@@ -5,12 +5,12 @@ differentiates to any order (``jvp``, ``vjp``/``grad``, ``linear_transpose``)
 and vmaps. The transposes follow JAX's convention (the plain transpose, no
 complex conjugation).
 
-- :func:`c2c`: complex FFT (``ducc0.fft.c2c``), batched natively under ``vmap``.
-- :func:`genuine_fht`: Hartley transform (``ducc0.fft.genuine_fht``), batched
-  natively under ``vmap``.
+- :func:`c2c`: complex FFT (``ducc0.fft.c2c``), self-batched under ``vmap``.
+- :func:`genuine_fht`: Hartley transform (``ducc0.fft.genuine_fht``),
+  self-batched under ``vmap``.
 - :func:`get_healpix_sht`: spherical harmonic synthesis onto a HEALPix map
   (``ducc0.sht.synthesis``, transpose from ``ducc0.sht.adjoint_synthesis``) on
-  real-packed :math:`a_{lm}` (see :func:`alm2realalm`), batched natively under
+  real-packed :math:`a_{lm}` (see :func:`alm2realalm`), self-batched under
   ``vmap``; :func:`nalm`.
 - :func:`get_wgridder`: the radio-interferometric degridder image -> visibilities
   (``ducc0.wgridder.experimental.dirty2vis``, transpose from ``vis2dirty``).

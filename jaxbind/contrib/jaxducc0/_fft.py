@@ -1,4 +1,4 @@
-"""The complex FFT and the Hartley transform, each its own transpose, batched natively."""
+"""The complex FFT and the Hartley transform, each its own transpose, self-batched."""
 
 import operator
 
@@ -62,7 +62,7 @@ def _same_layout(x, batch_axes):
 
 
 def _symmetric_transform(name, dtypes, options=()):
-    """A natively batched op computing ``ducc0.fft.<name>(x, axes, inorm, nthreads, *options)``, its own transpose.
+    """A self-batched op computing ``ducc0.fft.<name>(x, axes, inorm, nthreads, *options)``, its own transpose.
 
     ``dtypes``: the input dtypes accepted; ``options``: ``(kwarg, default,
     convert)`` triples passed to ``transform`` beside the common ones.
@@ -101,7 +101,7 @@ Complex FFT of ``x`` (``ducc0.fft.c2c``) as a linear jaxbind op.
 of the shape and dtype of ``x`` (complex64 or complex128; cast real data to
 complex first, in JAX, so that its cotangent is made real by JAX's cast).
 The op jit-compiles, differentiates to any order and vmaps; it is its own
-transpose (the DFT matrix is symmetric) and batches natively: under ``vmap``
+transpose (the DFT matrix is symmetric) and batches itself: under ``vmap``
 one ducc0 call transforms the whole batch.
 
 Parameters
@@ -154,7 +154,7 @@ Hartley transform of ``x`` (``ducc0.fft.genuine_fht``) as a linear jaxbind op.
 the shape and dtype of ``x`` (float32 or float64): ``Re(F x) - Im(F x)`` with
 ``F`` the forward FFT over ``axes`` (the "genuine" multi-axis Hartley
 transform, not the separable one). ``axes``, ``inorm`` and ``nthreads`` as for
-:func:`c2c`; natively batched under ``vmap``. The op is its own transpose.
+:func:`c2c`; self-batched under ``vmap``. The op is its own transpose.
 
 Parameters
 ----------

@@ -182,7 +182,7 @@ def _ncomp(spin):
 
 _SHT_KWARGS = ("nside", "lmax", "mmax", "spin", "nthreads")
 
-# Under vmap the op batches natively: ducc0 transforms a stack of (ncomp, n)
+# Under vmap the op batches itself: ducc0 transforms a stack of (ncomp, n)
 # arrays in one call, sharing its work across the stack. Outputs keep the batch
 # axes where the input has them (both sides have rank 2 per element).
 
@@ -291,7 +291,7 @@ does not check their values). The synthesis is ``ducc0.sht.synthesis`` onto
 the RING-ordered HEALPix map from real-packed :math:`a_{lm}` (see
 :func:`alm2realalm`); the transpose is ``ducc0.sht.adjoint_synthesis``,
 repacked. The op jit-compiles, differentiates to any order and batches
-natively under ``vmap`` (one ducc0 call for the whole batch).
+itself under ``vmap`` (one ducc0 call for the whole batch).
 
 Parameters
 ----------

@@ -8,7 +8,7 @@ from ._batch_types import Batch, as_batch
 from ._definition import Role
 from ._jax_compat import shaped_array, sharding_spec, varying_axes
 from ._kwargs import Kwargs
-from ._validation import check_input_dtypes
+from ._user_abstract import check_input_dtypes
 
 
 def jaxbind_abstract_eval(*avals, role: Role, kwargs: Kwargs, batch: Batch):

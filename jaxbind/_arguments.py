@@ -1,0 +1,135 @@
+"""The checks of ``get_linear_call``'s and ``get_nonlinear_call``'s arguments, each failing with a message
+naming the op; what passes is returned in the form the definition holds."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Optional
+
+import numpy as np
+
+from ._definition import _name_of
+from ._native import as_kernel
+
+__all__ = ["VMAP_METHODS", "as_callback", "check_callable", "check_flags", "check_inplace", "check_n_residuals",
+           "check_thread_safe", "drop_fixed_places", "named_callback"]
+
+# How a vmapped op hands its batch to the callbacks; the values and meaning of
+# jax.pure_callback's vmap_method (see _batching).
+VMAP_METHODS = ("sequential", "expand_dims", "broadcast_all")
+
+
+def as_callback(value, what: str, name: Optional[str]):
+    """A callback as given: a Python callable, or a native kernel in any of its forms.
+
+    ``name`` is the op's, or None while the op is being named after ``f``.
+    """
+    kernel = as_kernel(value, what, name)
+    if kernel is not None:
+        return kernel
+    if not callable(value):
+        raise TypeError(
+            f"jaxbind op '{name or _name_of(value)}': {what} must be a Python callable or a native kernel (a ctypes "
+            f"function, a numba cfunc, a PyCapsule or jaxbind.native(address)), got {type(value).__name__}."
+        )
+    return value
+
+
+def drop_fixed_places(name: str, f_T: tuple, abstract_T: tuple, n_fixed: int):
+    """Transposes and abstracts of a multilinear op, one per linear argument.
+
+    JAXbind's form indexes them by argument position, fixed arguments included,
+    with None in the fixed places: ``(None, f_T1)`` with ``first_n_args_fixed=1``.
+    """
+    if not any(t is None for t in f_T + abstract_T):
+        return f_T, abstract_T
+    places = [i for i, (t, a) in enumerate(zip(f_T, abstract_T)) if t is None or a is None]
+    if places != list(range(n_fixed)) or any(t is not None for t in f_T[:n_fixed] + abstract_T[:n_fixed]):
+        raise ValueError(
+            f"jaxbind op '{name}': f_T and abstract_T have None at positions {places}. None marks a "
+            f"fixed argument when the transposes are indexed by argument position, so it must be "
+            f"at exactly the first first_n_args_fixed={n_fixed} positions of both (then one "
+            "transpose per linear argument follows); otherwise give one transpose per linear "
+            "argument and no None."
+        )
+    return f_T[n_fixed:], abstract_T[n_fixed:]
+
+
+def check_callable(value, what: str, name: str):
+    if not callable(value):
+        raise TypeError(f"jaxbind op '{name}': {what} must be callable, got {type(value).__name__}.")
+
+
+def named_callback(f, name):
+    """``f`` as a callback, and the op's name: ``name`` when given, else the name of ``f``."""
+    if name is None:  # (the op is named after f: a kernel without a name of its own is refused)
+        f = as_callback(f, "f", None)
+        return f, _name_of(f)
+    if not isinstance(name, str) or not name.strip():
+        error = TypeError if not isinstance(name, str) else ValueError
+        raise error(f"jaxbind op '{_name_of(f)}': name must be a non-empty string, got {name!r:.100}.")
+    return as_callback(f, "f", name), name
+
+
+def check_thread_safe(name: str, thread_safe) -> bool:
+    if not isinstance(thread_safe, (bool, np.bool_)):
+        raise TypeError(f"jaxbind op '{name}': thread_safe must be a bool, got {thread_safe!r:.100}.")
+    return bool(thread_safe)
+
+
+def check_n_residuals(name: str, n_residuals) -> int:
+    if isinstance(n_residuals, (bool, np.bool_)) or not isinstance(n_residuals, numbers.Integral):
+        raise TypeError(f"jaxbind op '{name}': n_residuals must be a non-negative integer, got {n_residuals!r:.100}.")
+    if n_residuals < 0:
+        raise ValueError(f"jaxbind op '{name}': n_residuals must be a non-negative integer, got {n_residuals!r}.")
+    return int(n_residuals)
+
+
+def check_inplace(name: str, inplace) -> tuple:
+    """``inplace={output: argument}`` as sorted (output, argument) pairs; indices count every argument."""
+    if inplace is None:
+        return ()
+    if not isinstance(inplace, dict):
+        raise TypeError(
+            f"jaxbind op '{name}': inplace must be a dict {{output index: argument index}}, got {inplace!r:.100}.")
+    pairs = []
+    for out, arg in inplace.items():
+        for what, index in (("output", out), ("argument", arg)):
+            if isinstance(index, (bool, np.bool_)) or not isinstance(index, numbers.Integral) or index < 0:
+                raise ValueError(
+                    f"jaxbind op '{name}': inplace maps {out!r} to {arg!r}: the {what} index must be a "
+                    "non-negative integer (outputs in the order the abstract returns them, arguments "
+                    "counting the fixed ones).")
+        pairs.append((int(out), int(arg)))
+    args = [a for _, a in pairs]
+    shared = sorted({a for a in args if args.count(a) > 1})
+    if shared:
+        outs = [o for o, a in sorted(pairs) if a == shared[0]]
+        raise ValueError(
+            f"jaxbind op '{name}': inplace puts outputs {outs} on argument {shared[0]}: an argument's "
+            "memory can hold one output; give the other outputs memory of their own.")
+    return tuple(sorted(pairs))
+
+
+def check_flags(name: str, first_n_args_fixed, func_can_batch, vmap_method):
+    if isinstance(first_n_args_fixed, bool) or not isinstance(first_n_args_fixed, numbers.Integral) \
+            or first_n_args_fixed < 0:
+        raise ValueError(
+            f"jaxbind op '{name}': first_n_args_fixed must be a non-negative integer, "
+            f"got {first_n_args_fixed!r}."
+        )
+    if not isinstance(func_can_batch, (bool, np.bool_)):
+        raise TypeError(f"jaxbind op '{name}': func_can_batch must be a bool, got {func_can_batch!r}.")
+    if not isinstance(vmap_method, str) or vmap_method not in VMAP_METHODS:
+        raise ValueError(
+            f"jaxbind op '{name}': vmap_method must be one of {', '.join(map(repr, VMAP_METHODS))} "
+            f"(as for jax.pure_callback), got {vmap_method!r:.100}."
+        )
+    if func_can_batch and vmap_method != "sequential":
+        raise ValueError(
+            f"jaxbind op '{name}': func_can_batch=True and vmap_method={vmap_method!r} both say how "
+            "the callbacks see a batch; give one of them. func_can_batch: the callbacks get "
+            "batch_axes and handle any layout; vmap_method='expand_dims' or 'broadcast_all': they "
+            "get every batch level as a leading axis and need no batch_axes."
+        )
+    return int(first_n_args_fixed), bool(func_can_batch), vmap_method

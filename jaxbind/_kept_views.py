@@ -1,0 +1,214 @@
+"""Views a callback kept: the heap sweep that cuts off everything else that reaches their memory.
+
+The compiled core (``views.cc``) calls :func:`retire_aliases`, which
+``_runtime`` hands it at import, when a callback kept one of its arrays, and
+only then: the sweep walks the heap.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import sys
+import weakref
+
+import jax
+import numpy as np
+
+from . import _trampoline
+
+__all__ = ["retire_aliases"]
+
+_PROXY_TYPES = (weakref.ProxyType, weakref.CallableProxyType)
+_CTYPES_TYPE = type(np.empty(0).ctypes)  # what ``array.ctypes`` is (a class private to NumPy)
+
+
+def retire_aliases(views):
+    """Cut off every other array and memoryview that reaches the memory of ``views``.
+
+    Called by the trampoline when a callback kept one of its arrays (only then:
+    it walks the heap), before the views themselves are retired. An alias is a
+    NumPy array whose memory overlaps a view's, whatever its ``base`` chain (a
+    slice, ``np.frombuffer``, a DLPack import), unless that chain ends at a JAX
+    array (the memory is that array's: the user's own zero-copy view of an
+    input) or at nothing (another call's view); a memoryview of either; a
+    JAX array that imported an output's memory without copying; and the
+    objects that copied a pointer into that memory (:func:`_pointer_holders`).
+    """
+    ranges = [r for r in map(_byte_range, views) if r is not None]
+    kept_ids = {id(v) for v in views}
+    holders = _heap_containers()
+
+    def overlaps(array):
+        r = _byte_range(array)
+        return r is not None and any(r[0] < high and low < r[1] for low, high in ranges)
+
+    referents = gc.get_referents(*holders)
+    aliases = {}
+    for obj in referents:
+        if type(obj) in _PROXY_TYPES:
+            continue
+        if (isinstance(obj, np.ndarray) and id(obj) not in kept_ids and not obj.flags.owndata
+                and id(obj) not in aliases and overlaps(obj)):
+            owner = _owner(obj, kept_ids)
+            if owner is True or (owner is not None and not isinstance(owner, jax.Array)):
+                aliases[id(obj)] = obj
+    reaching = kept_ids | set(aliases)
+    memoryviews = []
+    for holder in holders:
+        if isinstance(holder, memoryview):
+            try:
+                if id(holder.obj) in reaching:
+                    memoryviews.append(holder)
+            except ValueError:  # released
+                pass
+    holders_of_pointers = _pointer_holders(itertools.chain(holders, referents), reaching, overlaps)
+    for array in aliases.values():
+        _trampoline.retire(array)
+    # A JAX array imported without a copy (jnp.from_dlpack of an output) is
+    # deleted. Only outputs' memory counts: an input's may be the caller's own
+    # JAX array, and arrays still being computed are never touched.
+    out_ranges = [_byte_range(v) for v in views if v.flags.writeable and v.size]
+    for holder in holders:
+        if isinstance(holder, jax.Array) and out_ranges and _aliases_memory(holder, out_ranges):
+            holder.delete()
+    for view in memoryviews:
+        try:
+            view.release()
+        except BufferError:  # exported further: its users are arrays, retired above
+            pass
+    _cut_off_pointer_holders(holders_of_pointers, views)
+
+
+def _heap_containers():
+    """Every object that can hold a reference the collector can see.
+
+    The collector tracks most containers; it stops tracking tuples and dicts
+    that hold only objects it does not track (NumPy arrays among them), so
+    ``(x[1:],)`` kept in a list is found by following those too.
+    """
+    # A weak proxy whose object died raises on isinstance(): none holds anything.
+    containers = [obj for obj in gc.get_objects() if type(obj) not in _PROXY_TYPES]
+    seen = {id(obj) for obj in containers}
+    frontier = containers
+    while frontier:
+        found = []
+        for obj in gc.get_referents(*frontier):
+            if type(obj) in (tuple, dict) and not gc.is_tracked(obj) and id(obj) not in seen:
+                seen.add(id(obj))
+                found.append(obj)
+        containers.extend(found)
+        frontier = found
+    return containers
+
+
+def _byte_range(array):
+    """The first and one-past-last byte addresses of an array's memory (None if it has none)."""
+    if array.size == 0:
+        return None
+    start = array.__array_interface__["data"][0]
+    low = high = start
+    for n, stride in zip(array.shape, array.strides):
+        extent = (n - 1) * stride
+        low, high = (low + extent, high) if extent < 0 else (low, high + extent)
+    return low, high + array.itemsize
+
+
+def _owner(array, kept_ids):
+    """Follow an array's ``base`` chain (through memoryviews too) to its end.
+
+    Returns True if the chain passes through a kept view, else the object at its end.
+    """
+    obj = array.base
+    while obj is not None:
+        if id(obj) in kept_ids:
+            return True
+        if isinstance(obj, np.ndarray):
+            obj = obj.base
+        elif isinstance(obj, memoryview):
+            try:
+                obj = obj.obj
+            except ValueError:  # released
+                return None
+        else:
+            return obj
+    return None
+
+
+def _aliases_memory(array, ranges) -> bool:
+    """Whether a computed, single-buffer JAX array's memory starts inside one of ``ranges``."""
+    try:
+        if array.is_deleted() or not array.is_ready():
+            return False
+        start = array.unsafe_buffer_pointer()
+    except Exception:  # sharded over several devices, or not on the CPU
+        return False
+    return any(low <= start < high for low, high in ranges)
+
+
+def _pointer_holders(objects, reaching, overlaps):
+    """Objects that copied a pointer into a kept view's memory when they were made, so that
+    retiring the arrays does not cut them off: flat iterators (``a.flat``), ``np.broadcast`` and
+    ``np.nditer`` objects, ``a.ctypes`` objects, numba typed Lists and Dicts holding such an array.
+    Returns ``[(object, hit), ...]``: ``hit`` is true, for a numba container the keys of its items that reach it.
+    """
+    def reaches(array):
+        return isinstance(array, np.ndarray) and (id(array) in reaching or overlaps(array))
+
+    numba_types = _numba_containers()
+    found, seen = [], set()
+    for obj in objects:
+        kind = type(obj)
+        if kind in _PROXY_TYPES or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        try:
+            if kind is np.flatiter:
+                hit = reaches(obj.base)
+            elif kind is np.broadcast:
+                hit = any(reaches(it.base) for it in obj.iters)
+            elif kind is np.nditer:
+                hit = any(reaches(op) for op in obj.operands)
+            elif kind is _CTYPES_TYPE:
+                hit = reaches(obj._arr)
+            elif numba_types and isinstance(obj, numba_types):
+                keys = obj.keys() if isinstance(obj, numba_types[1]) else range(len(obj))
+                hit = [key for key in keys if reaches(obj[key])]  # (its items as numba boxes them)
+            else:
+                continue
+        except Exception:  # a closed nditer, a typed container of another item type: nothing to cut off
+            continue
+        if hit:
+            found.append((obj, hit))
+    return found
+
+
+def _numba_containers():
+    """numba's typed List and Dict classes, if numba is imported (else nothing to look for)."""
+    typed = sys.modules.get("numba.typed")
+    return (typed.List, typed.Dict) if typed is not None else ()
+
+
+def _cut_off_pointer_holders(found, views):
+    """Cut off what :func:`_pointer_holders` found, after the arrays themselves are retired:
+    an nditer is closed (it then refuses every use), a flat iterator or broadcast object iterates
+    nothing, a ``ctypes`` object points at its retired array, a numba container's item that
+    reaches the memory becomes an empty array of its dtype."""
+    for view in views:
+        _trampoline.retire(view)  # (now rather than after this function: the ctypes objects read it)
+    for obj, hit in found:
+        try:
+            if type(obj) is np.nditer:
+                obj.close()
+            elif type(obj) in (np.flatiter, np.broadcast):
+                _trampoline.retire(obj)
+            elif type(obj) is _CTYPES_TYPE:
+                obj._data = obj._ctypes.c_void_p(obj._arr.__array_interface__["data"][0])
+            else:  # a numba container: it keeps its own copy of each array's pointer and shape
+                for key in hit:
+                    item = obj[key]
+                    empty = np.empty((0,) * item.ndim, item.dtype)
+                    empty.flags.writeable = item.flags.writeable
+                    obj[key] = empty
+        except Exception:  # (best effort: each kind above is cut off by the means it offers)
+            pass
