@@ -1,5 +1,6 @@
 """Helpers shared by the test modules."""
 
+import contextlib
 import threading
 
 import jax
@@ -64,3 +65,16 @@ def shard_map(f, *, mesh, in_specs, out_specs, axis_names=None, check_vma=True):
     auto = frozenset() if axis_names is None else frozenset(mesh.axis_names) - frozenset(axis_names)
     return experimental_shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=check_vma,
                                   auto=auto)
+
+
+@contextlib.contextmanager
+def checking_unwritten():
+    """jaxbind's checking mode (``config.check_unwritten``) on inside the block, as it was after."""
+    import jaxbind
+
+    before = jaxbind.config.check_unwritten
+    jaxbind.config.check_unwritten = True
+    try:
+        yield
+    finally:
+        jaxbind.config.check_unwritten = before

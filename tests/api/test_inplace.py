@@ -7,6 +7,7 @@ import pytest
 
 import _kernels
 import jaxbind
+from _shared import checking_unwritten
 
 LIB = _kernels.load()
 same = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
@@ -169,17 +170,8 @@ def test_the_checking_mode_accepts_elements_left_as_they_were():
 
     partial = jaxbind.get_nonlinear_call(half, None, same, None, inplace={0: 0})
     x = jnp.arange(6.0)
-    with _unwritten():
+    with checking_unwritten():
         np.testing.assert_allclose(jax.jit(lambda v: partial(v)[0])(x), [0, 0, 0, 3, 4, 5])
-
-
-class _unwritten:
-    def __enter__(self):
-        self.before = jaxbind.config.check_unwritten
-        jaxbind.config.check_unwritten = True
-
-    def __exit__(self, *exc):
-        jaxbind.config.check_unwritten = self.before
 
 
 @pytest.mark.parametrize("inplace, error, match", [

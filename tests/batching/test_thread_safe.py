@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import jaxbind
+from _shared import checking_unwritten
 from jaxbind.testing import check_op
 
 like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
@@ -141,18 +142,9 @@ def test_the_checking_mode_finds_unwritten_outputs_in_a_parallel_walk():
 
     op = make(True, skips_one, "skips_one")
     x = jnp.arange(12.0)[:, None] * jnp.ones((1, 2))
-    with _check_unwritten():
+    with checking_unwritten():
         with pytest.raises(Exception, match=r"op 'skips_one'.*unwritten|op 'skips_one'.*not written"):
             jax.block_until_ready(jax.jit(jax.vmap(lambda v: op(v)[0]))(x))
-
-
-class _check_unwritten:
-    def __enter__(self):
-        self.before = jaxbind.config.check_unwritten
-        jaxbind.config.check_unwritten = True
-
-    def __exit__(self, *exc):
-        jaxbind.config.check_unwritten = self.before
 
 
 def test_check_op_passes_a_thread_safe_op():

@@ -11,15 +11,15 @@ import pytest
 
 import _kernels
 import jaxbind
+from _shared import checking_unwritten
 
 LIB = _kernels.load()
 
 
 @pytest.fixture
 def checking():
-    jaxbind.config.check_unwritten = True
-    yield
-    jaxbind.config.check_unwritten = False
+    with checking_unwritten():
+        yield
 
 
 def like_first(*args, **kwargs):
