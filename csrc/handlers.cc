@@ -38,30 +38,46 @@ struct RawFrame : ffi::RemainingArgs, ffi::RemainingRets {
   }
 };
 
-// The site a program's key names: this process's, made now from the call's
-// description if this process has none yet (a program made elsewhere).
-const AnySite* SiteOf(int64_t key, std::string_view call, ffi::Error* error) {
-  if (const AnySite* site = LookupSite(key)) return site;
+// The site a program's key names when this process has no live one yet: made
+// now from the call's description (a program made elsewhere, or one that
+// outlived its op).
+__attribute__((noinline)) const AnySite* SiteMadeNow(int64_t key, std::string_view call,
+                                                     ffi::Error* error) {
   std::string why;
   const AnySite* site = ResolveSite(key, call, &why);
   if (site == nullptr) *error = ffi::Error(ffi::ErrorCode::kInvalidArgument, why);
   return site;
 }
 
+const AnySite* SiteOf(int64_t key, std::string_view call, ffi::Error* error) {
+  if (const AnySite* site = LookupSite(key)) return site;
+  return SiteMadeNow(key, call, error);
+}
+
 // The one XLA handler for every jaxbind op.
 ffi::Error Dispatch(ffi::ThreadPool pool, std::string_view call, int64_t key,
                     ffi::RemainingArgs args, ffi::RemainingRets rets) {
-  ffi::Error unresolved = ffi::Error::Success();
-  const AnySite* entry = SiteOf(key, call, &unresolved);
-  if (entry == nullptr) return unresolved;
-  const Site& site = Common(*entry);
   const XLA_FFI_Args* raw_args = RawFrame::Args(args);
   const XLA_FFI_Rets* raw_rets = RawFrame::Rets(rets);
+  const AnySite* entry = LookupSite(key);
+  if (entry == nullptr) {
+    ffi::Error unresolved;
+    entry = SiteMadeNow(key, call, &unresolved);
+    if (entry == nullptr) return unresolved;
+  }
+  const Site& site = Common(*entry);
+  const auto* native = std::get_if<NativeSite>(entry);
+  // The common native call goes straight to the kernel (the checking mode
+  // for unwritten outputs takes RunNative's way, which fills and checks).
+  if (native != nullptr && WholeCall(*native, raw_args->size, raw_rets->size) &&
+      !g_check_unwritten.load(std::memory_order_relaxed)) {
+    return RunNativeWhole(*native, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets);
+  }
   if (site.levels != 0 && site.in_masks.size() != static_cast<size_t>(raw_args->size)) {
     return ErrorText(&site, "internal error: the call site was registered for " +
                                 std::to_string(site.in_masks.size()) + " inputs");
   }
-  if (const auto* native = std::get_if<NativeSite>(entry)) {
+  if (native != nullptr) {
     return RunNative(*native, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets,
                      &pool);
   }

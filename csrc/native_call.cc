@@ -60,6 +60,58 @@ void SetNativeKwargs(NativeSite& site, nb::handle native_kwargs) {
   }
 }
 
+// Why a kernel call failed, the text after the site's name ("op 'scale'", or
+// "op 'scale' (transpose callback 'scale_T')" for a callback other than the
+// forward one): the kernel's own message, or, without one, which callback
+// failed and how to give a message.
+std::string KernelFailure(const NativeSite& site, char* error, size_t size, int code) {
+  error[size - 1] = '\0';
+  if (error[0]) return "native kernel failed: " + std::string(error);
+  const std::string& name = site.name;
+  const size_t open = name.find(" (");
+  const std::string which = open != std::string::npos && name.back() == ')'
+                                ? "the " + name.substr(open + 2, name.size() - open - 3)
+                                : std::string("the forward callback");
+  return "native kernel failed: " + which + " (a native kernel) returned " + std::to_string(code) +
+         " without a message (a kernel that fails should write one: return jaxbind_fail(call, "
+         "\"...\"))";
+}
+
+// The buffers of a kernel call without a walk, described straight from XLA's.
+constexpr size_t kWholeMax = 16;  // buffers; more take the walk's path
+
+inline void Describe(void* const* buffers, size_t n, jaxbind_array* arrays) {
+  for (size_t i = 0; i < n; ++i) {
+    const auto* buf = static_cast<const XLA_FFI_Buffer*>(buffers[i]);
+    arrays[i] = jaxbind_array{ElementData(buffers[i], 0), buf->dims, buf->rank, buf->dtype};
+  }
+}
+
+// A call that RunNativeWhole serves: no walk, no padding, few buffers.
+inline bool WholeCall(const NativeSite& site, size_t n_in, size_t n_out) {
+  return site.levels == 0 && site.valid_levels == 0 && n_in <= kWholeMax && n_out <= kWholeMax;
+}
+
+// The most common call, one kernel call over the whole buffers: nothing is
+// planned, nothing is allocated, and the kernel's descriptors are filled in
+// place. (A whole call's inputs have no batch levels to skip: site.levels is 0.)
+// The checking mode for unwritten outputs is RunNativeChecked's: it calls this.
+ffi::Error RunNativeWhole(const NativeSite& site, size_t n_in, void* const* ins, size_t n_out,
+                          void* const* outs) {
+  jaxbind_array in[kWholeMax], out[kWholeMax];
+  Describe(ins, n_in, in);
+  Describe(outs, n_out, out);
+  char error[2048];
+  error[0] = '\0';
+  jaxbind_call call{static_cast<int64_t>(sizeof(jaxbind_call)), JAXBIND_ABI_VERSION,
+                    static_cast<int64_t>(n_out), out, static_cast<int64_t>(n_in), in,
+                    static_cast<int64_t>(site.kwargs.size()), site.kwargs.data(), error,
+                    static_cast<int64_t>(sizeof(error))};
+  const int code = site.kernel(&call);
+  if (code == 0) return ffi::Error::Success();
+  return ErrorText(&site, KernelFailure(site, error, sizeof(error), code));
+}
+
 // Runs a native kernel over elements of a walk: descriptors on the stack, no
 // Python, no GIL. One runner per thread (it owns the descriptors and the
 // error buffer the kernel writes).
@@ -99,22 +151,7 @@ class NativeRunner {
     });
   }
 
-  // The text after the site's name ("op 'scale'", or "op 'scale' (transpose
-  // callback 'scale_T')" for a callback other than the forward one). Without
-  // a message of the kernel's own it says which callback failed, and how to
-  // give a message.
-  std::string Message() {
-    error_[sizeof(error_) - 1] = '\0';
-    if (error_[0]) return "native kernel failed: " + std::string(error_);
-    const std::string& name = site_.name;
-    const size_t open = name.find(" (");
-    const std::string which = open != std::string::npos && name.back() == ')'
-                                  ? "the " + name.substr(open + 2, name.size() - open - 3)
-                                  : std::string("the forward callback");
-    return "native kernel failed: " + which + " (a native kernel) returned " + std::to_string(code_) +
-           " without a message (a kernel that fails should write one: return jaxbind_fail(call, "
-           "\"...\"))";
-  }
+  std::string Message() { return KernelFailure(site_, error_, sizeof(error_), code_); }
 
  private:
   const NativeSite& site_;
@@ -133,6 +170,7 @@ class NativeRunner {
 // by contract, and each element writes its own part of the outputs.
 ffi::Error RunNativeWalk(const NativeSite& site, size_t n_in, void* const* ins, size_t n_out,
                          void* const* outs, ffi::ThreadPool* pool) {
+  if (WholeCall(site, n_in, n_out)) return RunNativeWhole(site, n_in, ins, n_out, outs);
   WalkPlan plan(site.levels, n_in, n_out);
   if (site.levels != 0) {
     std::string bad = PlanWalk(site, ins, outs, &plan);
