@@ -17,6 +17,9 @@ import jax
 import numpy as np
 from jax._src import core as _core
 
+# The type of a concrete JAX array (jax.Array is an abstract base class over it).
+from jax._src.array import ArrayImpl  # noqa: E402
+
 # The abstract value of an array or tracer: jax.typeof from 0.6 on.
 get_aval = getattr(jax, "typeof", None) or jax.core.get_aval
 

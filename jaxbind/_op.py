@@ -13,7 +13,7 @@ import numpy as np
 from . import _primitive  # noqa: F401  (registers the primitive's rules with JAX)
 from ._bind import bind
 from ._definition import OpDef, OpKind, Role
-from ._jax_compat import runtime_error_of_fast_path
+from ._jax_compat import ArrayImpl, runtime_error_of_fast_path
 from ._kwargs import Kwargs, kernel_kwargs
 from ._sites import register_definition
 
@@ -119,13 +119,16 @@ class Op(functools.partial):
     # functools.partial gives ops a __dict__ (code written for JAXbind sets
     # attributes on ops, op.__doc__ = ...) and weak references; neither plays
     # a part in equality or hashing.
-    __slots__ = ("definition", "_entries", "_eager_keys")
+    __slots__ = ("definition", "_entries", "_eager_keys", "_plain")
 
     def __new__(cls, definition: OpDef):
         self = super().__new__(cls, _call_function, _func=OpFunction(definition, definition.func_can_batch))
         self.definition = definition
         self._entries = {}  # number of arguments -> the role the op then plays
         self._eager_keys = []  # its entries in _EAGER
+        # number of arguments -> the jitted call of a call without kwargs on
+        # concrete arrays: the fast path of __call__ (see there)
+        self._plain = {}
         register_definition(definition)  # its place among the ops of its name
         return self
 
@@ -228,6 +231,21 @@ class Op(functools.partial):
             (a ``RuntimeError`` whose message names the op and carries the
             original exception).
         """
+        # The fast path, an eager call as a script's loop makes it (no kwargs,
+        # JAX or NumPy arrays): straight to the jitted call this op used for it
+        # before, which JAX's C++ dispatch then serves as it serves jax.jit's.
+        # (It keeps that entry of _EAGER running for this op even if it leaves
+        # _EAGER by age; only the first such call takes the way below.)
+        call = None if kwargs else self._plain.get(len(args))
+        if call is not None:
+            for a in args:
+                if type(a) not in _CONCRETE_TYPES:
+                    break
+            else:
+                try:
+                    return call(*args)
+                except ValueError as err:
+                    raise _callback_error(err)
         role = self._entries.get(len(args)) or self._entry(len(args))
         for i, a in enumerate(args):
             if not isinstance(a, _ARRAY_TYPES):
@@ -259,14 +277,12 @@ class Op(functools.partial):
             if len(self._eager_keys) > EAGER_CACHE_SIZE:  # forget the evicted ones
                 self._eager_keys = [k for k in self._eager_keys if k in _EAGER]
         call = entry[0]
+        if kwargs is _NO_KWARGS and all(type(a) in _CONCRETE_TYPES for a in args):
+            self._plain[len(args)] = call
         try:
             return call(*args)
         except ValueError as err:
-            # An eager call raises what the first call raises (see _jax_compat).
-            runtime_error = runtime_error_of_fast_path(err, _RUNTIME_ERROR_PREFIXES)
-            if runtime_error is None:
-                raise
-            raise runtime_error from None
+            raise _callback_error(err)
 
     def _entry(self, n: int):
         """Check the number of arguments once; the role the op plays when called with n."""
@@ -313,6 +329,9 @@ class Op(functools.partial):
 
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, numbers.Number)
+# The argument types of Op.__call__'s fast path: concrete arrays, by exact type
+# (an isinstance check of jax.Array costs more than the rest of the path).
+_CONCRETE_TYPES = frozenset({ArrayImpl, np.ndarray})
 # How the errors of jaxbind's handler begin (an XLA status code, then jaxbind's text).
 _RUNTIME_ERROR_PREFIXES = ("INTERNAL: jaxbind", "INVALID_ARGUMENT: jaxbind")
 _NO_KWARGS = Kwargs({}, "")
@@ -322,6 +341,16 @@ _NO_KWARGS = Kwargs({}, "")
 # whose callback holds the op itself is freed that way).
 EAGER_CACHE_SIZE = 128
 _EAGER: "collections.OrderedDict" = collections.OrderedDict()
+
+
+def _callback_error(err: ValueError) -> Exception:
+    """What an eager call raises for ``err``, raised by a jitted call: what the
+    first call raises (see _jax_compat) for a callback's failure, else ``err``."""
+    runtime_error = runtime_error_of_fast_path(err, _RUNTIME_ERROR_PREFIXES)
+    if runtime_error is None:
+        return err
+    runtime_error.__suppress_context__ = True
+    return runtime_error
 
 
 def _bind_arrays(*args, role: Role, kwargs: Kwargs):
