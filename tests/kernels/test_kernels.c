@@ -345,3 +345,25 @@ EXPORT int jb_scale_nonzero(const jaxbind_call *call) {
   for (int64_t i = 0; i < n; ++i) b[i] = factor * a[i];
   return 0;
 }
+
+/* Any number of float64 inputs and outputs of one size: out[j] = sum of every input + j
+ * (tests: calls with more buffers than the handler describes on its stack). */
+EXPORT int jb_sum_inputs(const jaxbind_call *call) {
+  if (call->n_in < 1 || call->n_out < 1) return jaxbind_fail(call, "jb_sum_inputs: no inputs or outputs");
+  const int64_t n = jaxbind_size(&call->in[0]);
+  for (int64_t j = 0; j < call->n_out; ++j) {
+    if (call->out[j].dtype != JAXBIND_FLOAT64 || jaxbind_size(&call->out[j]) != n) {
+      return jaxbind_fail(call, "jb_sum_inputs: output %lld is not float64 of the inputs' size", (long long)j);
+    }
+    double *y = call->out[j].data;
+    for (int64_t e = 0; e < n; ++e) y[e] = (double)j;
+    for (int64_t i = 0; i < call->n_in; ++i) {
+      if (call->in[i].dtype != JAXBIND_FLOAT64 || jaxbind_size(&call->in[i]) != n) {
+        return jaxbind_fail(call, "jb_sum_inputs: input %lld is not float64 of one size", (long long)i);
+      }
+      const double *x = call->in[i].data;
+      for (int64_t e = 0; e < n; ++e) y[e] += x[e];
+    }
+  }
+  return 0;
+}

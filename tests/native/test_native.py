@@ -158,6 +158,38 @@ def test_kwarg_values_select_distinct_compiled_calls():
         np.testing.assert_allclose(jax.jit(lambda v: f(v, factor=factor))(x), factor * x)
 
 
+def n_outputs_like_first(*args, n_out, **kwargs):
+    return tuple((args[0].shape, args[0].dtype) for _ in range(n_out))
+
+
+sum_inputs_op = jaxbind.get_nonlinear_call(LIB.jb_sum_inputs, None, n_outputs_like_first, None)
+
+
+# Calls of up to 16 inputs and 16 outputs take the handler's direct way to the kernel, more take
+# the general one: the same results both ways, eager, jitted and walked by vmap.
+@pytest.mark.parametrize("n_in,n_out", [(1, 1), (16, 16), (17, 2), (3, 17), (20, 20)])
+def test_calls_of_many_buffers(n_in, n_out):
+    rng = np.random.default_rng(n_in * 100 + n_out)
+    xs = [rng.standard_normal((2, 3)) for _ in range(n_in)]
+    expected = [sum(xs, np.full((2, 3), float(j))) for j in range(n_out)]  # (the kernel's order of sums)
+    for outs in (sum_inputs_op(*xs, n_out=n_out), sum_inputs_op(*xs, n_out=n_out),
+                 jax.jit(lambda *v: sum_inputs_op(*v, n_out=n_out))(*xs)):
+        assert len(outs) == n_out
+        for got, want in zip(outs, expected):
+            np.testing.assert_allclose(got, want, rtol=1e-14)
+    walked = jax.jit(jax.vmap(lambda *v: sum_inputs_op(*v, n_out=n_out)))(*xs)
+    for got, want in zip(walked, expected):
+        np.testing.assert_allclose(got, want, rtol=1e-14)
+
+
+@pytest.mark.parametrize("n_in", [2, 17])
+def test_a_kernel_message_reaches_python_either_way(n_in):
+    xs = [np.ones(3)] * (n_in - 1) + [np.ones(4)]
+    with pytest.raises(RuntimeError, match=rf"op 'jb_sum_inputs'.*native kernel failed: jb_sum_inputs: "
+                                           rf"input {n_in - 1} is not float64 of one size"):
+        jax.block_until_ready(jax.jit(lambda *v: sum_inputs_op(*v, n_out=1))(*xs))
+
+
 # ---------------------------------------------------------------------------
 # 7. Errors
 # ---------------------------------------------------------------------------

@@ -1,0 +1,136 @@
+"""Eager calls, op(x) on concrete arrays: after the first call, a call without kwargs on JAX or
+NumPy arrays goes straight to the op's jitted call. It must give the same values, raise the
+same errors, compile nothing, leave traced calls alone and free what it holds with the op."""
+
+import gc
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxbind
+from jaxbind import _op
+
+like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
+
+
+def tripling(out, args, kwargs_dump):
+    out[0][...] = 3 * args[-1]
+
+
+def failing_on_negative(out, args, kwargs_dump):
+    if np.any(args[0] < 0):
+        raise ArithmeticError("negative input")
+    out[0][...] = args[0]
+
+
+def collect():
+    for _ in range(3):
+        gc.collect()
+
+
+class CompileCounter:
+    """Counts XLA compilations while active (JAX's monitoring events)."""
+
+    def __enter__(self):
+        self.n = 0
+
+        def listen(event, _, **kwargs):
+            if event.endswith("backend_compile_duration"):
+                self.n += 1
+
+        jax.monitoring.register_event_duration_secs_listener(listen)
+        return self
+
+    def __exit__(self, *exc):
+        jax.monitoring.clear_event_listeners()
+
+
+def test_repeated_eager_calls_match_and_compile_nothing():
+    op = jaxbind.get_linear_call(tripling, tripling, like, like, name="eager_repeat")
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((2, 3)))
+    n = np.asarray(rng.standard_normal((2, 3)))
+    np.testing.assert_allclose(op(x)[0], 3 * np.asarray(x))
+    np.testing.assert_allclose(op(n)[0], 3 * n)
+    with CompileCounter() as counter:
+        for _ in range(3):
+            np.testing.assert_allclose(op(x)[0], 3 * np.asarray(x))
+            np.testing.assert_allclose(op(n)[0], 3 * n)  # (a NumPy array: the same executable)
+            np.testing.assert_allclose(op(x, factor=1)[0], 3 * np.asarray(x))  # kwargs: the keyed way
+            np.testing.assert_allclose(op(2.5)[0], 7.5)  # a scalar: the checked way
+    assert counter.n == 2  # the kwargs' call and the scalar's, once each
+    # other shapes and dtypes are other programs of the same jitted call
+    y = jnp.arange(5, dtype=jnp.float32)
+    np.testing.assert_allclose(op(y)[0], 3 * np.arange(5, dtype=np.float32))
+    assert op(y)[0].dtype == jnp.float32
+
+
+def test_a_failing_callback_raises_alike_on_every_eager_call():
+    op = jaxbind.get_nonlinear_call(failing_on_negative, None, like, None, name="eager_fails")
+    np.testing.assert_allclose(op(jnp.ones(2))[0], np.ones(2))
+    messages = []
+    for _ in range(3):  # the first failing call, then calls that reuse the executable
+        with pytest.raises(jax.errors.JaxRuntimeError, match="op 'eager_fails'") as info:
+            jax.block_until_ready(op(-jnp.ones(2)))
+        assert "ArithmeticError: negative input" in str(info.value)
+        messages.append(str(info.value).split("\n")[0])
+    assert len(set(messages)) == 1
+    np.testing.assert_allclose(op(jnp.full(2, 4.0))[0], np.full(2, 4.0))  # and it still runs
+
+
+def test_misuse_after_eager_calls_is_still_refused():
+    op = jaxbind.get_linear_call(tripling, tripling, like, like, name="eager_misuse")
+    op(jnp.ones(2))
+    op(jnp.ones(2))
+    with pytest.raises(TypeError, match="op 'eager_misuse': argument 0 is a list"):
+        op([1.0, 2.0])
+    with pytest.raises(TypeError, match="op 'eager_misuse'.*must be arrays"):
+        op("text")
+
+
+def test_traced_calls_after_eager_calls_bind_the_op_itself():
+    op = jaxbind.get_linear_call(tripling, tripling, like, like, name="eager_then_traced")
+    x = jnp.arange(3.0)
+    op(x)
+    op(x)
+    jaxpr = jax.make_jaxpr(lambda v: op(v)[0])(x)
+    assert [e.primitive.name for e in jaxpr.eqns] == ["jaxbind"]  # not a nested jitted call
+    np.testing.assert_allclose(jax.grad(lambda v: jnp.sum(op(v)[0] ** 2))(x), 18 * np.asarray(x))
+    np.testing.assert_allclose(jax.vmap(lambda v: op(v)[0])(jnp.ones((2, 3))), 3 * np.ones((2, 3)))
+    np.testing.assert_allclose(jax.jit(lambda v: op(v)[0])(x), 3 * np.asarray(x))
+
+
+def test_an_entry_evicted_by_age_keeps_serving_its_op():
+    op = jaxbind.get_linear_call(tripling, tripling, like, like, name="eager_evicted")
+    x = jnp.ones(2)
+    op(x)
+    op(x)
+    other = jaxbind.get_linear_call(tripling, tripling, like, like, name="eager_evictor")
+    for k in range(_op.EAGER_CACHE_SIZE + 1):  # pushes op's entry out of the cache
+        other(x, k=k)
+    assert not any(key[0].op == op.definition for key in _op._EAGER)
+    with CompileCounter() as counter:
+        np.testing.assert_allclose(op(x)[0], 3 * np.ones(2))
+    assert counter.n == 0
+
+
+def test_an_op_whose_callback_holds_it_is_freed_after_eager_calls():
+    big = np.full(10**6, 2.0)
+    ref_big = weakref.ref(big)
+    holder = {}
+
+    def apply(out, args, kwargs_dump):  # holds the op, through `holder`
+        assert holder["op"] is not None
+        out[0][...] = big[: args[0].size] * args[0]
+
+    op = jaxbind.get_nonlinear_call(apply, None, like, None, name="eager_self_holding")
+    holder["op"] = op
+    for _ in range(3):
+        np.testing.assert_allclose(op(jnp.ones(4))[0], 2 * np.ones(4))
+    ref_op = weakref.ref(op)
+    del op, apply, big, holder
+    collect()
+    assert ref_op() is None and ref_big() is None
