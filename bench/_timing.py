@@ -105,12 +105,28 @@ def timed_n(fn, args, n):
     return time.perf_counter() - start
 
 
-def plain_per_call(fn, *args, repeats, target):
-    """Seconds per Python-level call of ``fn(*args)``: the median of ``repeats`` timed batches of
-    about ``target`` seconds."""
+def _calls_per_batch(fn, args, target):
+    """How many calls of ``fn(*args)`` take about ``target`` seconds (after a warm-up call)."""
     jax.block_until_ready(fn(*args))
     n = 1
     while timed_n(fn, args, n) < target / 4:
         n *= 4
-    n = max(1, int(n * target / max(timed_n(fn, args, n), 1e-9)))
+    return max(1, int(n * target / max(timed_n(fn, args, n), 1e-9)))
+
+
+def plain_per_call(fn, *args, repeats, target):
+    """Seconds per Python-level call of ``fn(*args)``: the median of ``repeats`` timed batches of
+    about ``target`` seconds."""
+    n = _calls_per_batch(fn, args, target)
     return statistics.median(timed_n(fn, args, n) / n for _ in range(repeats))
+
+
+def interleaved_plain_per_call(calls, repeats, target):
+    """:func:`plain_per_call` for several ``(fn, args)``, their batches interleaved (each round
+    runs one batch of each): the medians, in order."""
+    sizes = [_calls_per_batch(fn, args, target) for fn, args in calls]
+    samples = [[] for _ in calls]
+    for _ in range(repeats):
+        for (fn, args), n, sample in zip(calls, sizes, samples):
+            sample.append(timed_n(fn, args, n) / n)
+    return [statistics.median(sample) for sample in samples]

@@ -6,6 +6,8 @@ Method (per-call cases): the op runs K times inside ONE jitted function, as a
 ``lax.fori_loop`` with a traced trip count, so K=0 and K=K use the same
 executable; per call = (T(K) - T(0)) / K, the median over interleaved
 repetitions after a warm-up, with K chosen so that a run takes about 0.1 s.
+The floor rows are XLA typed-FFI handlers written by hand (``bench/floor/handler.cc``, compiled
+at run time against the installed jaxlib's headers): the least a custom call costs.
 Each per-call case runs twice: alone (a tiny program, which XLA runs on the
 calling Python thread) and beside an independent ``sum(sin(x))`` over 4096
 elements (which makes XLA run the program on one of its worker threads, as it
@@ -32,7 +34,8 @@ import numpy as np  # noqa: E402
 
 import jaxbind  # noqa: E402
 from _bodies import batched_abstract, empty_body, numpy_double, same_shape  # noqa: E402
-from _timing import fori_per_call, looped, plain_per_call  # noqa: E402  (bench/ is the script folder)
+from _floor import ops as floor_ops  # noqa: E402
+from _timing import interleaved_per_call, interleaved_plain_per_call, looped, plain_per_call  # noqa: E402  (bench/ is the script folder)
 from jaxbind import _trampoline  # noqa: E402
 
 try:
@@ -59,6 +62,19 @@ python_op = jaxbind.get_linear_call(numpy_double, numpy_double, same_shape, same
 empty_op = jaxbind.get_linear_call(empty_body, empty_body, same_shape, same_shape)
 native_op = jaxbind.get_linear_call(KERNELS.jb_double, KERNELS.jb_double, same_shape, same_shape)
 native_empty_op = jaxbind.get_linear_call(KERNELS.jb_empty, KERNELS.jb_empty, same_shape, same_shape)
+try:
+    import numba  # noqa: F401
+except ImportError:  # (the test extra installs it)
+    numba_op = None
+else:
+    @jaxbind.numba_kernel
+    def numba_double(out, args, kwargs):
+        x, y = args[0], out[0]
+        for i in range(x.size):
+            y[i] = 2.0 * x[i]
+
+    numba_op = jaxbind.get_linear_call(numba_double, numba_double, same_shape, same_shape)
+FLOOR = floor_ops()
 can_batch_op = jaxbind.get_linear_call(numpy_double, numpy_double, batched_abstract,
                                        batched_abstract, func_can_batch=True)
 
@@ -78,22 +94,20 @@ def buffer_callback_double(x):
 
 CASES = {
     "jnp 2*x (floor)": lambda x: 2 * x,
+    "XLA FFI handler (floor of a custom call)": FLOOR["floor_double"],
+    "XLA FFI handler with jaxbind's attributes": FLOOR["floor_double_attributes"],
     "jax.pure_callback": pure_callback_double,
     "buffer_callback": buffer_callback_double if buffer_callback else None,
     "jaxbind python": lambda x: python_op(x)[0],
     "jaxbind python, empty body": lambda x: empty_op(x)[0],
     "jaxbind native": lambda x: native_op(x)[0],
     "jaxbind native, empty body": lambda x: native_empty_op(x)[0],
+    "jaxbind numba kernel": (lambda x: numba_op(x)[0]) if numba_op else None,
 }
 
 # ---------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------
-
-
-def per_call(body, x, worker: bool):
-    """Seconds per application of ``body`` to ``x``, by the fori_loop difference method."""
-    return fori_per_call(body, x, worker, REPEATS, TARGET_SECONDS)
 
 
 def per_call_plain(fn, *args, repeats=None):
@@ -198,14 +212,13 @@ def main():
     for size in sizes:
         x = jnp.asarray(rng.standard_normal(size))
         row = {}
-        for name, body in CASES.items():
-            if body is None:
-                continue
-            if name == "jax.pure_callback" and size >= 1000000 and options.quick:
-                continue
-            for worker in (False, True):
-                key = f"{name} [{'worker' if worker else 'caller'}]"
-                row[key] = per_call(body, x, worker) * 1e6
+        names = [name for name, body in CASES.items() if body is not None
+                 and not (name == "jax.pure_callback" and size >= 1000000 and options.quick)]
+        for worker in (False, True):
+            seconds = interleaved_per_call([CASES[name] for name in names], x, worker, REPEATS, TARGET_SECONDS)
+            for name, s in zip(names, seconds):
+                row[f"{name} [{'worker' if worker else 'caller'}]"] = s * 1e6
+        row = {key: row[key] for name in names for key in (f"{name} [caller]", f"{name} [worker]")}
         row["numpy body alone"] = body_alone(size) * 1e6
         results["per_call_us"][str(size)] = row
 
@@ -241,10 +254,19 @@ def main():
                 if "1000" in results["per_call_us"] else float("nan")
         else:
             other[f"vmap 64x1000: {name}"] = per_call_plain(fn, xs) * 1e6
+    # Eager calls from Python on one element: the op itself, the same op in a
+    # jitted function (the anchor: the same program, called by JAX's own
+    # dispatch), and a jitted jnp function of one op.
     x1 = jnp.asarray(rng.standard_normal(1))
-    jnp_one_op = jax.jit(lambda v: 2 * v)
-    other["eager op(x), 1 element"] = per_call_plain(lambda v: python_op(v)[0], x1) * 1e6
-    other["jitted jnp one-op function, 1 element"] = per_call_plain(jnp_one_op, x1) * 1e6
+    eager = {
+        "eager op(x), python op, 1 element": python_op,
+        "jitted op function, python op, 1 element": jax.jit(lambda v: python_op(v)),
+        "eager op(x), native op, 1 element": native_op,
+        "jitted op function, native op, 1 element": jax.jit(lambda v: native_op(v)),
+        "jitted jnp one-op function, 1 element": jax.jit(lambda v: 2 * v),
+    }
+    seconds = interleaved_plain_per_call([(fn, (x1,)) for fn in eager.values()], REPEATS, TARGET_SECONDS)
+    other.update({name: s * 1e6 for name, s in zip(eager, seconds)})
     results["other_us"] = other
     results["concurrency"] = concurrency()
     results["seconds"] = time.time() - started
@@ -297,6 +319,12 @@ def print_ratios(results):
                      one[f"jaxbind python, empty body [{where}]"] / pure, "<= 1/200"))
         rows.append((f"native op / python op, 1 elem [{where}]",
                      one[f"jaxbind native [{where}]"] / one[f"jaxbind python [{where}]"], "<= 1/10"))
+    for where in ("caller", "worker"):
+        floor = one[f"XLA FFI handler (floor of a custom call) [{where}]"]
+        rows.append((f"native op / XLA FFI handler, 1 elem [{where}]", one[f"jaxbind native [{where}]"] / floor, "<= 1.15"))
+        if f"jaxbind numba kernel [{where}]" in one:
+            rows.append((f"numba kernel op / XLA FFI handler, 1 elem [{where}]",
+                         one[f"jaxbind numba kernel [{where}]"] / floor, "<= 1.15"))
     rows.append(("python op worker / caller, 1 elem",
                  one["jaxbind python [worker]"] / one["jaxbind python [caller]"], "<= 1.2"))
     # The floor of an empty Python callback: XLA's own cost of a custom call in
@@ -321,7 +349,12 @@ def print_ratios(results):
     rows.append(("vmap 64 walk / pure_callback sequential",
                  other["vmap 64x1000: jaxbind walk (no func_can_batch)"] / other["vmap 64x1000: pure_callback vmap_method=sequential"], "<= 1/30"))
     rows.append(("grad step / forward", other["grad step 1000 (jit, called from Python)"] / other["forward 1000 (jit, called from Python)"], "<= 2.2"))
-    rows.append(("eager op(x) / jitted jnp one-op", other["eager op(x), 1 element"] / other["jitted jnp one-op function, 1 element"], "<= 2"))
+    for kind in ("python", "native"):
+        rows.append((f"eager op(x) / jitted op function, {kind} op",
+                     other[f"eager op(x), {kind} op, 1 element"] / other[f"jitted op function, {kind} op, 1 element"],
+                     "<= 1.1"))
+    rows.append(("eager op(x), native op / jitted jnp one-op",
+                 other["eager op(x), native op, 1 element"] / other["jitted jnp one-op function, 1 element"], "(close to 1)"))
     for name, c in results["concurrency"].items():
         rows.append((f"two branches / one, {name}", c["ratio"], "<= 1.3"))
     results["ratios"] = {name: value for name, value, _ in rows}
