@@ -15,22 +15,23 @@
 namespace {
 
 // A few values on the stack, more on the heap: the per-call path allocates
-// nothing for ops with up to 16 inputs and outputs.
+// nothing for ops with up to kInline inputs and outputs, and a buffer of a
+// call without a walk costs a pointer and a few zeros.
 template <typename T>
 class SmallBuffer {
  public:
-  explicit SmallBuffer(size_t n) : heap_(n > kInline ? n : 0) {
-    data_ = n > kInline ? heap_.data() : inline_;
-    for (size_t i = 0; i < n; ++i) data_[i] = T{};
+  static constexpr size_t kInline = 16;
+  explicit SmallBuffer(size_t n) : heap_(n > kInline ? new T[n]() : nullptr) {
+    data_ = heap_ ? heap_.get() : inline_;
+    if (!heap_) std::fill(inline_, inline_ + n, T{});
   }
   T* data() { return data_; }
   T& operator[](size_t i) { return data_[i]; }
   const T& operator[](size_t i) const { return data_[i]; }
 
  private:
-  static constexpr size_t kInline = 16;
   T inline_[kInline];
-  std::vector<T> heap_;
+  std::unique_ptr<T[]> heap_;
   T* data_;
 };
 
