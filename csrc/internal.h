@@ -245,9 +245,10 @@ __attribute__((noinline)) ffi::Error RunPythonWholePadded(const PythonSite& site
                                                           const XLA_FFI_Rets* rets);
 void SetNativeKwargs(NativeSite& site, nb::handle native_kwargs);
 
-// ---- The module (module.cc, diagnostics.cc) ---------------------------------
+// ---- The module (module.cc, diagnostics.cc, eager.cc) -----------------------
 
 void AddDiagnostics(nb::module_& m);
+void AddOpCall(nb::module_& m);
 
 }  // namespace
 

@@ -111,4 +111,5 @@ NB_MODULE(_trampoline, m) {
   m.def("capsule_pointer", &CapsulePointer, "The pointer a PyCapsule holds, whatever its name.");
 
   AddDiagnostics(m);
+  AddOpCall(m);
 }

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 from . import _primitive  # noqa: F401  (registers the primitive's rules with JAX)
+from . import _trampoline
 from ._bind import bind
 from ._definition import OpDef, OpKind, Role
 from ._jax_compat import ArrayImpl, runtime_error_of_fast_path
@@ -180,7 +181,7 @@ class Op(functools.partial):
         """The op's name (``name=`` when it was made, else the name of ``f``)."""
         return self.definition.name
 
-    def __call__(self, *args, **kwargs):
+    def _call(self, *args, **kwargs):
         """Call the op: run its function on ``args`` and return the list of outputs.
 
         Parameters
@@ -231,21 +232,8 @@ class Op(functools.partial):
             (a ``RuntimeError`` whose message names the op and carries the
             original exception).
         """
-        # The fast path, an eager call as a script's loop makes it (no kwargs,
-        # JAX or NumPy arrays): straight to the jitted call this op used for it
-        # before, which JAX's C++ dispatch then serves as it serves jax.jit's.
-        # (It keeps that entry of _EAGER running for this op even if it leaves
-        # _EAGER by age; only the first such call takes the way below.)
-        call = None if kwargs else self._plain.get(len(args))
-        if call is not None:
-            for a in args:
-                if type(a) not in _CONCRETE_TYPES:
-                    break
-            else:
-                try:
-                    return call(*args)
-                except ValueError as err:
-                    raise _callback_error(err)
+        # (Op.__call__, in the compiled core, runs this unless the call takes
+        # the fast path: see _plain below.)
         role = self._entries.get(len(args)) or self._entry(len(args))
         for i, a in enumerate(args):
             if not isinstance(a, _ARRAY_TYPES):
@@ -278,6 +266,12 @@ class Op(functools.partial):
                 self._eager_keys = [k for k in self._eager_keys if k in _EAGER]
         call = entry[0]
         if kwargs is _NO_KWARGS and all(type(a) in _CONCRETE_TYPES for a in args):
+            # The fast path of later calls like this one, an eager call as a
+            # script's loop makes it (no kwargs, JAX or NumPy arrays, by exact
+            # type): Op.__call__ goes straight to this jitted call, which
+            # JAX's C++ dispatch then serves as it serves jax.jit's. (That
+            # keeps the entry of _EAGER running for this op even after it
+            # leaves _EAGER by age.)
             self._plain[len(args)] = call
         try:
             return call(*args)
@@ -330,8 +324,9 @@ class Op(functools.partial):
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, numbers.Number)
 # The argument types of Op.__call__'s fast path: concrete arrays, by exact type
-# (an isinstance check of jax.Array costs more than the rest of the path).
-_CONCRETE_TYPES = frozenset({ArrayImpl, np.ndarray})
+# (an isinstance check of jax.Array costs more than the rest of the path; the
+# compiled core checks the same two types).
+_CONCRETE_TYPES = (ArrayImpl, np.ndarray)
 # How the errors of jaxbind's handler begin (an XLA status code, then jaxbind's text).
 _RUNTIME_ERROR_PREFIXES = ("INTERNAL: jaxbind", "INVALID_ARGUMENT: jaxbind")
 _NO_KWARGS = Kwargs({}, "")
@@ -341,6 +336,18 @@ _NO_KWARGS = Kwargs({}, "")
 # whose callback holds the op itself is freed that way).
 EAGER_CACHE_SIZE = 128
 _EAGER: "collections.OrderedDict" = collections.OrderedDict()
+
+
+def _raise_failed_call(err: ValueError):
+    """Raise what an eager call on the fast path raises for ``err`` (Op.__call__ calls it)."""
+    try:
+        raise err
+    except ValueError:
+        raise _callback_error(err)
+
+
+# An op's calls: the fast path in the compiled core, everything else Op._call.
+Op.__call__ = _trampoline.make_op_call(Op, "_plain", Op._call, _raise_failed_call, *_CONCRETE_TYPES)
 
 
 def _callback_error(err: ValueError) -> Exception:

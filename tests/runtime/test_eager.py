@@ -2,7 +2,9 @@
 NumPy arrays goes straight to the op's jitted call. It must give the same values, raise the
 same errors, compile nothing, leave traced calls alone and free what it holds with the op."""
 
+import concurrent.futures
 import gc
+import inspect
 import weakref
 
 import jax
@@ -134,3 +136,49 @@ def test_an_op_whose_callback_holds_it_is_freed_after_eager_calls():
     del op, apply, big, holder
     collect()
     assert ref_op() is None and ref_big() is None
+
+
+def weighted_sum(out, args, kwargs_dump):
+    weights = jaxbind.load_kwargs(kwargs_dump)["weights"]
+    out[0][...] = sum(w * a for w, a in zip(weights, args))
+
+
+def test_calls_with_many_arguments_and_kwargs_after_eager_calls():
+    # Op.__call__ (the compiled core) hands every call it does not serve itself to the Python
+    # method with all its positional and keyword arguments; twelve of them overflow its stack.
+    op = jaxbind.get_nonlinear_call(weighted_sum, None, lambda *a, weights: ((a[0].shape, a[0].dtype),),
+                                    None, name="eager_many")
+    rng = np.random.default_rng(3)
+    xs = [jnp.asarray(rng.standard_normal(3)) for _ in range(11)]
+    weights = [float(k + 1) for k in range(11)]
+    expected = sum(w * np.asarray(x) for w, x in zip(weights, xs))
+    for _ in range(3):
+        np.testing.assert_allclose(op(*xs, weights=weights)[0], expected)
+    # an arity the op has a jitted call for, then the same arguments with another kwarg value
+    np.testing.assert_allclose(op(*xs, weights=weights[::-1])[0],
+                               sum(w * np.asarray(x) for w, x in zip(weights[::-1], xs)))
+
+
+def test_op_call_is_a_method_with_the_documented_signature():
+    op = jaxbind.get_linear_call(tripling, tripling, like, like, name="eager_method")
+    x = jnp.arange(2.0)
+    for call in (op, op.__call__, lambda v: type(op).__call__(op, v)):
+        for _ in range(2):
+            np.testing.assert_allclose(call(x)[0], 3 * np.arange(2.0))
+    assert "Call the op" in jaxbind.Op.__call__.__doc__
+    assert list(inspect.signature(jaxbind.Op.__call__).parameters) == ["self", "args", "kwargs"]
+    with pytest.raises(TypeError, match="__call__"):
+        jaxbind.Op.__call__(object(), x)  # not an op: refused, nothing read off it
+
+
+def test_eager_calls_from_several_threads():
+    op = jaxbind.get_linear_call(tripling, tripling, like, like, name="eager_threads")
+    rng = np.random.default_rng(4)
+    inputs = [jnp.asarray(rng.standard_normal(4)) for _ in range(8)]
+
+    def run(k):
+        x = inputs[k % len(inputs)]
+        return all(np.allclose(op(x)[0], 3 * np.asarray(x)) for _ in range(100))
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(run, range(16)))
