@@ -95,7 +95,8 @@ inline bool WholeCall(const NativeSite& site, size_t n_in, size_t n_out) {
 // The most common call, one kernel call over the whole buffers: nothing is
 // planned, nothing is allocated, and the kernel's descriptors are filled in
 // place. (A whole call's inputs have no batch levels to skip: site.levels is 0.)
-// The checking mode for unwritten outputs is RunNativeChecked's: it calls this.
+// The checking mode for unwritten outputs is RunNativeChecked's, which
+// reaches this through RunNativeWalk.
 ffi::Error RunNativeWhole(const NativeSite& site, size_t n_in, void* const* ins, size_t n_out,
                           void* const* outs) {
   jaxbind_array in[kWholeMax], out[kWholeMax];

@@ -15,12 +15,11 @@
 namespace {
 
 // A few values on the stack, more on the heap: the per-call path allocates
-// nothing for ops with up to kInline inputs and outputs, and a buffer of a
-// call without a walk costs a pointer and a few zeros.
+// nothing for ops with up to 16 inputs and outputs, and a buffer of a call
+// without a walk costs a pointer and a few zeros.
 template <typename T>
 class SmallBuffer {
  public:
-  static constexpr size_t kInline = 16;
   explicit SmallBuffer(size_t n) : heap_(n > kInline ? new T[n]() : nullptr) {
     data_ = heap_ ? heap_.get() : inline_;
     if (!heap_) std::fill(inline_, inline_ + n, T{});
@@ -30,6 +29,7 @@ class SmallBuffer {
   const T& operator[](size_t i) const { return data_[i]; }
 
  private:
+  static constexpr size_t kInline = 16;
   T inline_[kInline];
   std::unique_ptr<T[]> heap_;
   T* data_;
