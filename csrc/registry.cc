@@ -182,11 +182,10 @@ int64_t RegisterSite(int64_t key, std::string name, nb::handle callable, nb::byt
   site.name = std::move(name);
   site.key = key;
   SetLayout(site, levels, in_masks, valid_levels);
+  // A key still bound to a live site is taken over: Python registers a key
+  // only when no handle holds it, so that site's handle is going and its
+  // release (a weak reference's callback, not run yet) marks it dead later.
   std::lock_guard<std::mutex> lock(g_register_mutex);
-  if (const AnySite* bound = LookupSite(key)) {
-    throw nb::value_error(("jaxbind: internal error: call-site key already bound to " +
-                           Common(*bound).name).c_str());
-  }
   site.serial = static_cast<int64_t>(g_all_sites.size());
   AnySite* published = entry.get();
   g_all_sites.push_back(std::move(entry));
@@ -226,19 +225,24 @@ void FinishRelease(const PythonSite& site) {
 // over from the handle, and the last such dispatch drops them; later calls of
 // the key make the site anew or fail with a message naming the op.
 void ReleaseSite(int64_t serial) {
-  std::lock_guard<std::mutex> lock(g_register_mutex);
-  if (serial < 0 || serial >= static_cast<int64_t>(g_all_sites.size())) return;
-  AnySite& entry = *g_all_sites[serial];
-  Site& site = std::visit([](Site& s) -> Site& { return s; }, entry);
-  if (!site.alive.load(std::memory_order_seq_cst)) return;
-  auto* python = std::get_if<PythonSite>(&entry);
-  if (python != nullptr) {  // owned from here on: the handle lets them go after this returns
-    Py_XINCREF(python->callable);
-    Py_XINCREF(python->kwargs_dump);
+  PythonSite* python = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_register_mutex);
+    if (serial < 0 || serial >= static_cast<int64_t>(g_all_sites.size())) return;
+    AnySite& entry = *g_all_sites[serial];
+    Site& site = std::visit([](Site& s) -> Site& { return s; }, entry);
+    if (!site.alive.load(std::memory_order_seq_cst)) return;
+    python = std::get_if<PythonSite>(&entry);
+    if (python != nullptr) {  // owned from here on: the handle lets them go after this returns
+      Py_XINCREF(python->callable);
+      Py_XINCREF(python->kwargs_dump);
+    }
+    site.alive.store(false, std::memory_order_seq_cst);
+    g_num_live_sites.fetch_sub(1, std::memory_order_relaxed);
   }
-  site.alive.store(false, std::memory_order_seq_cst);
-  g_num_live_sites.fetch_sub(1, std::memory_order_relaxed);
-  // A dispatch that counts itself after this load sees the site released and never calls it.
+  // Out of the lock: dropping references may run Python code, which may
+  // release another site or let another thread register one. A dispatch that
+  // counts itself after this load sees the site released and never calls it.
   if (python != nullptr && python->in_flight.load(std::memory_order_seq_cst) == 0) {
     FinishRelease(*python);
   }

@@ -35,6 +35,9 @@ keepalives (an executable in flight, or one its C++ dispatch cache still
 holds): a dispatch running then finishes with the references the release
 hands it, and a later call of the released key makes the site anew from the
 call's description, through :func:`resolve`, like a program made elsewhere.
+A handle that is going is found nowhere from the moment it starts to go (see
+:class:`SiteHandle`); if its key is registered again before its release has
+run, the new site takes the key over and the old one is released as usual.
 For a key this process made, the description's kwargs are bytes this process
 wrote (the key is their digest), so they are read as the op wrote them; the
 definition keeps the last :data:`RESOLVED_KEPT` sites made so.
@@ -43,6 +46,7 @@ definition keeps the last :data:`RESOLVED_KEPT` sites made so.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import threading
@@ -69,11 +73,19 @@ RESOLVED_KEPT = 64  # sites a definition keeps that were made anew for a program
 
 
 class SiteHandle:
-    """Owns one registered call site; releases it when it goes.
+    """Owns one registered call site; the site is released when the handle goes.
 
     Holds what the compiled core borrows (the callback, the kwargs' bytes), so
     that the garbage collector sees them: a cycle through a callback is
     collected like any other.
+
+    The release is a weak reference's callback (:data:`_owners`), not a
+    ``__del__``: CPython clears every weak reference to an object before it
+    runs any of their callbacks, so no thread can find a handle (in
+    :data:`_live` or an op's table) whose site is being released. A
+    ``__del__`` runs while those references still answer, and another thread
+    that took the GIL in between got the dying handle back, kept it alive, and
+    its program then named a released site for good.
     """
 
     __slots__ = ("serial", "key", "description", "callback", "kwargs_dump", "__weakref__")
@@ -82,16 +94,24 @@ class SiteHandle:
         self.serial, self.key, self.description = serial, key, description
         self.callback, self.kwargs_dump = callback, kwargs_dump
 
-    def __del__(self):
-        release = _release
-        if release is not None:  # None once the module is torn down at exit
-            release(self.serial)
-
     def __repr__(self):
         return f"<jaxbind call site {self.key:#x} #{self.serial}>"
 
 
 _release = _trampoline.release_site
+_owners: dict = {}  # serial -> the weak reference whose callback releases that site
+
+
+def _own(handle: SiteHandle) -> None:
+    _owners[handle.serial] = weakref.ref(handle, functools.partial(_handle_gone, handle.serial))
+
+
+def _handle_gone(serial: int, _ref) -> None:
+    release, owners = _release, _owners
+    if release is None or owners is None:  # the module is torn down at exit
+        return
+    owners.pop(serial, None)
+    release(serial)
 
 
 class _Name:
@@ -265,6 +285,7 @@ def _register(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded, ke
         serial = _trampoline.register_site(key, role.label, callback, dump, *layout, 0, [],
                                            valid_levels, role.op.thread_safe)
     handle = SiteHandle(serial, key, text, callback, dump)
+    _own(handle)
     _live[key] = handle
     return handle
 

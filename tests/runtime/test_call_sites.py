@@ -379,3 +379,56 @@ def test_a_site_released_while_its_walk_runs_finishes_the_walk():
     np.testing.assert_allclose(lowered(x), 2.5 * x)  # all 4 elements, the first releasing the site
     assert not serials
     np.testing.assert_allclose(lowered(x), 2.5 * x)  # and the next call makes it anew
+
+
+def _outliving_program(name):
+    """A compiled program of a fresh op whose own site was released under it, and the key it names."""
+    op = make_op(name, f=scale_by_object)
+    x = jnp.arange(3.0)
+    compiled = jax.jit(lambda v: op(v, factor=Factor(3.0))[0]).lower(x).compile()
+    (key,) = [k for k, h in _sites._live.items() if name in h.description]
+    held = _sites._live.pop(key)  # as when the program's Python half is gone (its executable lives on)
+    for memo in [m for m, h in op.definition._sites.items() if h is held]:
+        del op.definition._sites[memo]
+    _trampoline.release_site(held.serial)
+    return op, compiled, key, x
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_handle_that_is_going_is_never_found_again(monkeypatch, when):
+    # A handle goes (its last holder dropped on one thread) while another
+    # thread, which took the GIL meanwhile, lowers the same call and runs
+    # programs naming its key. It used to get the dying handle back, keep it
+    # alive with its site released, and fail with "the resolver registered no
+    # site" on every later call (seen under shard_map, where several threads
+    # run one program). Here that thread's work runs inside the release,
+    # before or after the site is marked dead.
+    op, compiled, key, x = _outliving_program(f"going_{when}")
+    compiled(x)  # the site made anew for the program's key, held by the op
+    going = op.definition._resolved.pop(key)  # its only holder now
+    serial, release, seen = going.serial, _sites._release, []
+
+    def release_meanwhile(released):
+        if when == "after":
+            release(released)
+        found = _sites._live.get(key)
+        fresh = jax.jit(lambda v: op(v, factor=Factor(3.0))[0]).lower(x).compile()
+        seen.append((released, found, fresh, np.asarray(fresh(x)), np.asarray(compiled(x))))
+        if when == "before":
+            release(released)
+
+    live = _trampoline.num_live_sites()
+    monkeypatch.setattr(_sites, "_release", release_meanwhile)
+    del going
+    monkeypatch.setattr(_sites, "_release", release)
+    [(released, found, fresh, by_fresh, by_compiled)] = seen
+    assert released == serial and found is None  # never the handle that is going
+    np.testing.assert_allclose(by_fresh, 3 * x)
+    np.testing.assert_allclose(by_compiled, 3 * x)
+    made = _sites._live[key]  # registered by the lowering, taking the key over
+    assert made.serial != serial
+    for _ in range(3):
+        np.testing.assert_allclose(fresh(x), 3 * x)
+        np.testing.assert_allclose(compiled(x), 3 * x)
+    assert _sites._live[key] is made and key not in op.definition._resolved  # nothing made again
+    assert _trampoline.num_live_sites() == live  # the old site released, the new one live
