@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import _subprocesses
 import jaxbind
 
 # Where the jaxbind under test was imported from (the source tree or site-packages):
@@ -76,8 +77,8 @@ def test_exit_while_a_callback_runs_on_a_worker_thread_is_clean(tmp_path, how, t
     runs = [subprocess.Popen([sys.executable, str(script), how, str(timeout)], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(3)]
-    for run in runs:
-        out, err = run.communicate(timeout=120)
+    outputs = _subprocesses.communicate_all(runs, 120, "the exit script")  # all, before any assert
+    for run, (out, err) in zip(runs, outputs):
         # an uncaught KeyboardInterrupt ends Python by SIGINT, as the shell expects
         assert run.returncode == (-signal.SIGINT if how == "Ctrl-C" else 0), err[-2000:]
         assert "exiting" in out
