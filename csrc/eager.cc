@@ -9,6 +9,7 @@
 // other types, runs the Python method (Op._call), which decides as before.
 
 #include "internal.h"
+#include "walk.h"  // SmallBuffer
 
 #if PY_VERSION_HEX < 0x030C0000
 #include <structmember.h>  // T_OBJECT_EX (Py_T_OBJECT_EX from Python 3.12)
@@ -81,12 +82,10 @@ PyObject* RaiseFailedCall() {
 PyObject* CallSlow(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   const Py_ssize_t n_kw = kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0;
   const size_t total = static_cast<size_t>(nargs + n_kw) + 1;
-  PyObject* inline_stack[8];
-  std::unique_ptr<PyObject*[]> heap(total > 8 ? new PyObject*[total] : nullptr);
-  PyObject** stack = heap ? heap.get() : inline_stack;
+  SmallBuffer<PyObject*> stack(total);
   stack[0] = self;
-  std::copy(args, args + nargs + n_kw, stack + 1);
-  return PyObject_Vectorcall(g_op_call.slow, stack, static_cast<size_t>(nargs) + 1, kwnames);
+  std::copy(args, args + nargs + n_kw, stack.data() + 1);
+  return PyObject_Vectorcall(g_op_call.slow, stack.data(), static_cast<size_t>(nargs) + 1, kwnames);
 }
 
 PyObject* OpCall(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {

@@ -102,10 +102,6 @@ _release = _trampoline.release_site
 _owners: dict = {}  # serial -> the weak reference whose callback releases that site
 
 
-def _own(handle: SiteHandle) -> None:
-    _owners[handle.serial] = weakref.ref(handle, functools.partial(_handle_gone, handle.serial))
-
-
 def _handle_gone(serial: int, _ref) -> None:
     release, owners = _release, _owners
     if release is None or owners is None:  # the module is torn down at exit
@@ -285,7 +281,7 @@ def _register(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded, ke
         serial = _trampoline.register_site(key, role.label, callback, dump, *layout, 0, [],
                                            valid_levels, role.op.thread_safe)
     handle = SiteHandle(serial, key, text, callback, dump)
-    _own(handle)
+    _owners[serial] = weakref.ref(handle, functools.partial(_handle_gone, serial))
     _live[key] = handle
     return handle
 

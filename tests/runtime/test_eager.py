@@ -145,12 +145,13 @@ def weighted_sum(out, args, kwargs_dump):
 
 def test_calls_with_many_arguments_and_kwargs_after_eager_calls():
     # Op.__call__ (the compiled core) hands every call it does not serve itself to the Python
-    # method with all its positional and keyword arguments; twelve of them overflow its stack.
+    # method with all its positional and keyword arguments; eighteen of them (and self) overflow
+    # its stack.
     op = jaxbind.get_nonlinear_call(weighted_sum, None, lambda *a, weights: ((a[0].shape, a[0].dtype),),
                                     None, name="eager_many")
     rng = np.random.default_rng(3)
-    xs = [jnp.asarray(rng.standard_normal(3)) for _ in range(11)]
-    weights = [float(k + 1) for k in range(11)]
+    xs = [jnp.asarray(rng.standard_normal(3)) for _ in range(17)]
+    weights = [float(k + 1) for k in range(17)]
     expected = sum(w * np.asarray(x) for w, x in zip(weights, xs))
     for _ in range(3):
         np.testing.assert_allclose(op(*xs, weights=weights)[0], expected)
