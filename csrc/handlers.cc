@@ -139,7 +139,20 @@ auto DispatchBinding() {
       .RemainingRets();
 }
 
+// The instantiate stage of both targets, run by XLA once per compiled program
+// (also one loaded from the persistent cache or deserialized from jax.export),
+// before any of its calls: a program runs a live site only if it carries that
+// site's own description, so that a key copied from another site's call into
+// a program describing something else is refused before anything runs.
+ffi::Error Instantiate(std::string_view call, int64_t key) {
+  std::string why;
+  if (CheckProgramSite(key, call, &why)) return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, ValidUtf8(why));
+}
+
 }  // namespace
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxbind_instantiate, Instantiate,
+                              ffi::Ffi::BindInstantiate().Attr<std::string_view>("jaxbind").Attr<int64_t>("site"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxbind_dispatch, Dispatch, DispatchBinding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxbind_dispatch_async, DispatchAsync, DispatchBinding());

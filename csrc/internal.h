@@ -58,6 +58,10 @@ namespace {
 // since XLA may hand a partitioned call a piece of the batch.
 struct Site {
   std::string name;  // e.g. "op 'scale' (transpose callback 'scale_T')"
+  // The description programs carry for this site (jaxbind/_sites.py): a program
+  // runs the site only if it carries exactly this text (CheckProgramSite, once
+  // per compiled program). Read and cleared (on release) under the registry's lock.
+  std::string description;
   int64_t key = 0;      // what programs name it by
   int64_t serial = -1;  // its place among every site this process made
   // False once the Python handle that owns the site is gone: the site is then
@@ -153,8 +157,14 @@ const AnySite* LookupSite(int64_t key);
 // Asks Python to make the site of a key from the call's description; null
 // with `error` set when this process cannot (the op is not defined here, ...).
 const AnySite* ResolveSite(int64_t key, std::string_view call, std::string* error);
-void SetResolver(nb::handle fn);
-int64_t RegisterSite(int64_t key, std::string name, nb::handle callable, nb::bytes kwargs_dump,
+// Whether a compiled program may name `key` with the description `call`: the
+// key's live site has exactly that description, or (no live site) Python finds
+// that the key is the description's own. Called once per program, when XLA
+// instantiates its custom call; false with `error` set otherwise.
+bool CheckProgramSite(int64_t key, std::string_view call, std::string* error);
+void SetResolver(nb::handle resolve, nb::handle check);
+int64_t RegisterSite(int64_t key, std::string description, std::string name, nb::handle callable,
+                     nb::bytes kwargs_dump,
                      size_t levels, const std::vector<std::vector<int>>& in_masks,
                      uintptr_t native_address, nb::handle native_kwargs, size_t valid_levels,
                      bool thread_safe);
@@ -255,5 +265,6 @@ void AddOpCall(nb::module_& m);
 // The handlers (handlers.cc), handed to JAX as capsules.
 extern "C" XLA_FFI_Error* jaxbind_dispatch(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* jaxbind_dispatch_async(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* jaxbind_instantiate(XLA_FFI_CallFrame* call_frame);
 
 #endif  // JAXBIND_CSRC_INTERNAL_H_

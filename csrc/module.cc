@@ -64,27 +64,34 @@ NB_MODULE(_trampoline, m) {
   m.def("async_handler",
         []() { return nb::capsule(reinterpret_cast<void*>(&jaxbind_dispatch_async)); },
         "The XLA FFI handler of concurrent native kernels (runs them on XLA's thread pool).");
+  m.def("instantiate_handler",
+        []() { return nb::capsule(reinterpret_cast<void*>(&jaxbind_instantiate)); },
+        "The instantiate stage of both targets: checks once per compiled program that each "
+        "call's key and description belong together.");
 
   m.def("register_site",
-        [](int64_t key, std::string name, nb::handle callable, nb::bytes kwargs_dump,
-           size_t levels, std::vector<std::vector<int>> in_masks, uintptr_t native_address,
-           nb::list native_kwargs, size_t valid_levels, bool thread_safe) {
-          return RegisterSite(key, std::move(name), callable, kwargs_dump, levels, in_masks,
-                              native_address, native_kwargs, valid_levels, thread_safe);
+        [](int64_t key, std::string description, std::string name, nb::handle callable,
+           nb::bytes kwargs_dump, size_t levels, std::vector<std::vector<int>> in_masks,
+           uintptr_t native_address, nb::list native_kwargs, size_t valid_levels, bool thread_safe) {
+          return RegisterSite(key, std::move(description), std::move(name), callable, kwargs_dump,
+                              levels, in_masks, native_address, native_kwargs, valid_levels,
+                              thread_safe);
         },
-        nb::arg("key"), nb::arg("name"), nb::arg("callable").none(), nb::arg("kwargs_dump"),
+        nb::arg("key"), nb::arg("description"), nb::arg("name"), nb::arg("callable").none(), nb::arg("kwargs_dump"),
         nb::arg("levels"), nb::arg("in_masks"), nb::arg("native_address"),
         nb::arg("native_kwargs"), nb::arg("valid_levels") = 0, nb::arg("thread_safe") = false,
-        "Register the call site programs name by `key` (a Python callable, or a native kernel "
+        "Register the call site programs name by `key` and describe by `description` (a Python "
+        "callable, or a native kernel "
         "when native_address is not 0); returns its serial number, for release_site. The "
         "callable and kwargs_dump are borrowed: the caller keeps them alive until it releases "
         "the site. With valid_levels, the last input is the validity operand of a padded batch; a "
         "thread_safe Python callback's walks may spread over XLA's thread pool.");
   m.def("release_site", &ReleaseSite, nb::arg("serial"),
         "Free a site: nothing calls it again (a program naming its key resolves it anew).");
-  m.def("set_resolver", &SetResolver,
-        "Set the function (key, description) -> None that makes the site of a key this process "
-        "has none for, or raises why it cannot.");
+  m.def("set_resolver", &SetResolver, nb::arg("resolve"), nb::arg("check"),
+        "Set the functions (key, description) -> None that make the site of a key this process "
+        "has none for (resolve) and accept a compiled program's key and description (check), "
+        "or raise why they cannot.");
   m.def("num_sites", []() { return g_num_sites.load(); }, "Number of call sites ever made.");
   m.def("num_live_sites", []() { return g_num_live_sites.load(); },
         "Number of call sites not yet released.");

@@ -87,11 +87,52 @@ const AnySite* LookupSite(int64_t key) {
 // Called with a key this process has no live site for: (key, the call's
 // description) -> None, having registered the site, or raises why it cannot.
 PyObject* g_resolver = nullptr;
+// (key, the description a program carries) -> None if the program may name
+// that key with it, or raises why not (jaxbind/_sites.py's check_program).
+PyObject* g_program_checker = nullptr;
 
-void SetResolver(nb::handle fn) {
-  Py_XINCREF(fn.ptr());
+void SetResolver(nb::handle resolve, nb::handle check) {
+  Py_XINCREF(resolve.ptr());
+  Py_XINCREF(check.ptr());
   Py_XDECREF(g_resolver);
-  g_resolver = fn.ptr();
+  Py_XDECREF(g_program_checker);
+  g_resolver = resolve.ptr();
+  g_program_checker = check.ptr();
+}
+
+// Calls fn(key, description) with the GIL; false with `error` set to the
+// message of what it raised.
+bool CallWithDescription(PyObject* fn, int64_t key, std::string_view call, std::string* error) {
+  GilHold gil;
+  if (!gil.held()) {
+    *error = "jaxbind: the program's call site was not resolved: the Python interpreter is "
+             "shutting down";
+    return false;
+  }
+  if (fn == nullptr) {
+    *error = "jaxbind: internal error: no call-site resolver is set";
+    return false;
+  }
+  PyObject* text = PyUnicode_DecodeUTF8(call.data(), static_cast<Py_ssize_t>(call.size()), "replace");
+  PyObject* py_key = PyLong_FromLongLong(key);
+  PyObject* result = text && py_key ? PyObject_CallFunctionObjArgs(fn, py_key, text, nullptr) : nullptr;
+  Py_XDECREF(text);
+  Py_XDECREF(py_key);
+  if (result != nullptr) {
+    Py_DECREF(result);
+    return true;
+  }
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyObject* message = value ? PyObject_Str(value) : nullptr;
+  *error = PyUnicodeToString(message);
+  if (error->empty()) *error = "jaxbind: the program's call site could not be resolved";
+  Py_XDECREF(message);
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  PyErr_Clear();
+  return false;
 }
 
 // A program names a key this process has no live site for: a program made by
@@ -99,39 +140,22 @@ void SetResolver(nb::handle fn) {
 // the description names among those this process defined, or explains why not;
 // nothing else can be called.
 const AnySite* ResolveSite(int64_t key, std::string_view call, std::string* error) {
-  GilHold gil;
-  if (!gil.held()) {
-    *error = "jaxbind: the program's call site was not resolved: the Python interpreter is "
-             "shutting down";
-    return nullptr;
-  }
-  if (g_resolver == nullptr) {
-    *error = "jaxbind: internal error: no call-site resolver is set";
-    return nullptr;
-  }
-  PyObject* text = PyUnicode_DecodeUTF8(call.data(), static_cast<Py_ssize_t>(call.size()), "replace");
-  PyObject* py_key = PyLong_FromLongLong(key);
-  PyObject* result = text && py_key ? PyObject_CallFunctionObjArgs(g_resolver, py_key, text, nullptr)
-                                    : nullptr;
-  Py_XDECREF(text);
-  Py_XDECREF(py_key);
-  if (result == nullptr) {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyObject* message = value ? PyObject_Str(value) : nullptr;
-    *error = PyUnicodeToString(message);
-    if (error->empty()) *error = "jaxbind: the program's call site could not be resolved";
-    Py_XDECREF(message);
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(tb);
-    PyErr_Clear();
-    return nullptr;
-  }
-  Py_DECREF(result);
+  if (!CallWithDescription(g_resolver, key, call, error)) return nullptr;
   const AnySite* site = LookupSite(key);
   if (site == nullptr) *error = "jaxbind: internal error: the resolver registered no site";
   return site;
+}
+
+bool CheckProgramSite(int64_t key, std::string_view call, std::string* error) {
+  {
+    std::lock_guard<std::mutex> lock(g_register_mutex);
+    const AnySite* site = LookupSite(key);
+    if (site != nullptr && Common(*site).description == call) return true;
+  }
+  // Another description under a live site's key, or a key with no live site:
+  // Python reads the description and says why it is refused, or that it names
+  // itself (its key is its digest) and may be resolved when it is called.
+  return CallWithDescription(g_program_checker, key, call, error);
 }
 
 // The batch layout, checked: a mask per input and level, and the validity
@@ -159,7 +183,8 @@ void SetLayout(Site& site, size_t levels, const std::vector<std::vector<int>>& i
 // kwargs are borrowed: the Python handle that owns the site holds them (so
 // that the garbage collector sees them) and releases the site before it lets
 // them go. Returns the site's serial number, which the handle releases it by.
-int64_t RegisterSite(int64_t key, std::string name, nb::handle callable, nb::bytes kwargs_dump,
+int64_t RegisterSite(int64_t key, std::string description, std::string name, nb::handle callable,
+                     nb::bytes kwargs_dump,
                      size_t levels, const std::vector<std::vector<int>>& in_masks,
                      uintptr_t native_address, nb::handle native_kwargs, size_t valid_levels,
                      bool thread_safe) {
@@ -180,6 +205,7 @@ int64_t RegisterSite(int64_t key, std::string name, nb::handle callable, nb::byt
   }
   Site& site = std::visit([](Site& s) -> Site& { return s; }, *entry);
   site.name = std::move(name);
+  site.description = std::move(description);
   site.key = key;
   SetLayout(site, levels, in_masks, valid_levels);
   // A key still bound to a live site is taken over: Python registers a key
@@ -238,6 +264,7 @@ void ReleaseSite(int64_t serial) {
       Py_XINCREF(python->kwargs_dump);
     }
     site.alive.store(false, std::memory_order_seq_cst);
+    std::string().swap(site.description);  // (a shell keeps its name and layout only)
     g_num_live_sites.fetch_sub(1, std::memory_order_relaxed);
   }
   // Out of the lock: dropping references may run Python code, which may

@@ -48,7 +48,9 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import hmac
 import json
+import os
 import threading
 import weakref
 
@@ -61,14 +63,18 @@ from ._definition import JaxbindError, OpDef, Role, dtype_name
 from ._kwargs import Kwargs, kernel_kwargs
 from ._native import NativeKernel
 
-__all__ = ["SCHEMA", "SiteHandle", "register_definition", "resolve", "site_for"]
+__all__ = ["SCHEMA", "SiteHandle", "check_program", "register_definition", "resolve", "site_for"]
 
 SCHEMA = 1  # of the description; a program with another is refused, never guessed at
 
 _lock = threading.RLock()  # lowering (a Python thread) and resolve (XLA's) both register
 _live: "weakref.WeakValueDictionary[int, SiteHandle]" = weakref.WeakValueDictionary()
 _names: dict = {}  # op name -> _Name
-_made_here: set = set()  # keys of the sites this process registered from its own lowerings
+# key -> the keyed digest of the description this process registered under it from its own
+# lowering. Its kwargs' bytes are this process's own exactly when a program's description has
+# that digest: the key alone is a digest anyone can compute, this one needs the process's secret.
+_made_here: dict = {}
+_SECRET = os.urandom(32)
 RESOLVED_KEPT = 64  # sites a definition keeps that were made anew for a program's key
 
 
@@ -111,7 +117,12 @@ def _handle_gone(serial: int, _ref) -> None:
 
 
 class _Name:
-    """The ops of this process that have one name: (weak definition, index) pairs."""
+    """The ops of this process that have one name: (weak definition, index) pairs.
+
+    Equal definitions (an op defined again, as a notebook cell run twice) share
+    an index and are each listed, so that the name finds the op while any of
+    them lives.
+    """
 
     __slots__ = ("next_index", "defs")
 
@@ -119,8 +130,15 @@ class _Name:
         self.next_index, self.defs = 0, []
 
     def live(self):
+        """The live (definition, index) pairs, one per index (equal definitions are one op)."""
         self.defs = [(ref, i) for ref, i in self.defs if ref() is not None]
-        return [(ref(), i) for ref, i in self.defs]
+        pairs, seen = [], set()
+        for ref, index in self.defs:
+            definition = ref()
+            if definition is not None and index not in seen:
+                seen.add(index)
+                pairs.append((definition, index))
+        return pairs
 
 
 def register_definition(definition: OpDef) -> None:
@@ -134,12 +152,12 @@ def register_definition(definition: OpDef) -> None:
                 break
         else:
             index, name.next_index = name.next_index, name.next_index + 1
-            name.defs.append((weakref.ref(definition), index))
+        name.defs.append((weakref.ref(definition), index))
         definition.take_index(index)
 
 
 def _definitions_named(name: str) -> list:
-    """The distinct live definitions with this name, with their indexes."""
+    """The distinct live ops with this name: (a definition, its index) per index."""
     with _lock:
         entry = _names.get(name)
         return entry.live() if entry is not None else []
@@ -203,6 +221,10 @@ def key_of(text: str) -> int:
     return (int.from_bytes(digest, "little") & (2**63 - 1)) or 1
 
 
+def _secret_digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8"), key=_SECRET, digest_size=16).digest()
+
+
 def describe(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: bool,
              exported: bool = False):
     """The description of a call (JSON text, deterministic) and its key.
@@ -255,7 +277,7 @@ def site_for(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: boo
             handle = _live.get(key)
             if handle is None:
                 handle = _register(role, kwargs, batch, callee_in, avals_out, padded, key, text)
-                _made_here.add(key)
+                _made_here[key] = _secret_digest(text)
             elif handle.description != text:  # two descriptions, one digest: never run either
                 raise JaxbindError(
                     f"jaxbind {role.label}: its call site's key collides with another site's "
@@ -274,11 +296,11 @@ def _register(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded, ke
         entries = kernel_kwargs(kwargs.values, role.label, batch_axes, len(avals_in), can_batch)
         address = callback.address_for(avals_in, avals_out, kwargs.values)
         dump = b""
-        serial = _trampoline.register_site(key, role.label, None, dump, *layout, address, entries,
+        serial = _trampoline.register_site(key, text, role.label, None, dump, *layout, address, entries,
                                            valid_levels)
     else:
         dump = kwargs.with_values(batch_axes=batch_axes).dump if can_batch else kwargs.dump
-        serial = _trampoline.register_site(key, role.label, callback, dump, *layout, 0, [],
+        serial = _trampoline.register_site(key, text, role.label, callback, dump, *layout, 0, [],
                                            valid_levels, role.op.thread_safe)
     handle = SiteHandle(serial, key, text, callback, dump)
     _owners[serial] = weakref.ref(handle, functools.partial(_handle_gone, serial))
@@ -302,6 +324,46 @@ def check_exportable(role: Role) -> None:
 # ---------------------------------------------------------------------------
 
 
+def check_program(key: int, text: str) -> None:
+    """Accept a compiled program's call (its site key and description), or raise why not.
+
+    Called by the compiled core once per compiled program (XLA's instantiate
+    stage: a program compiled here, loaded from the persistent cache or
+    deserialized), when the key's live site, if any, has another description
+    than the program's. A program runs only what its description says: a live
+    site is reused only for its own description, and a key without one must be
+    the description's own digest, so that no site registered later under that
+    key can answer a program that describes something else.
+    """
+    description = _read(text)
+    name = _shown(description["op"])
+    with _lock:
+        handle = _live.get(key)
+    if handle is not None and handle.description != text:
+        raise JaxbindError(
+            f"jaxbind op '{name}': the program names call site {key:#x}, which in this process "
+            f"belongs to {_owner_of(handle)} with another description: the program was altered "
+            "(a site key copied into a call that describes something else) and is refused. "
+            "Export the program again (jaxbind.export) from where it was made.")
+    if key_of(text) != key:
+        raise JaxbindError(
+            f"jaxbind op '{name}': the program's call-site key does not match its description: "
+            "the program was altered.")
+
+
+def _owner_of(handle: SiteHandle) -> str:
+    try:
+        return f"op '{_shown(json.loads(handle.description)['op'])}'"
+    except (ValueError, KeyError, TypeError):
+        return "another op"
+
+
+def _shown(name) -> str:
+    """An op name from a program, as messages show it (a forged one may be anything, of any length)."""
+    text = name if isinstance(name, str) else repr(name)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 def resolve(key: int, text: str) -> None:
     """Make this process's site for a key a program names, or raise why it cannot.
 
@@ -310,43 +372,67 @@ def resolve(key: int, text: str) -> None:
     """
     description = _read(text)
     name = description["op"]
+    label = f"op '{_shown(name)}'"
     if key_of(text) != key:
         raise JaxbindError(
-            f"jaxbind op '{name}': the program's call-site key does not match its description: "
+            f"jaxbind {label}: the program's call-site key does not match its description: "
             "the program was altered.")
     definition = _find_definition(name, description)
-    label = f"op '{name}'"
     structure = _structure(definition)
     if description.get("def") != structure:
-        theirs = description.get("def") or {}
-        differs = ", ".join(f"{field} ({theirs.get(field)!r} there, {structure[field]!r} here)"
+        theirs = description.get("def")
+        theirs = theirs if isinstance(theirs, dict) else {}
+        differs = ", ".join(f"{field} ({theirs.get(field)!r:.80} there, {structure[field]!r} here)"
                             for field in structure if theirs.get(field) != structure[field])
         raise JaxbindError(
             f"jaxbind {label}: the program was made with a different op of this name: {differs}. "
             "Define the op here as it was defined where the program was made.")
+    role, batch, padded, avals_in, avals_out = _call_of(description, definition, label)
     try:
-        family, slot, n_fixed, in_sizes = description["role"]
-        if not (0 <= family < len(definition.families)
-                and 0 <= slot < len(definition.families[family].callbacks)):
-            raise ValueError("no such callback")
-        role = Role(definition, int(family), int(slot), int(n_fixed), tuple(int(s) for s in in_sizes))
-        batch = _batch_from_json(description["batch"])
-        padded = bool(description["padded"])
-        avals_in = tuple(jax.core.ShapedArray(tuple(s), _dtype_of(t)) for s, t in description["in"])
-        avals_out = tuple(jax.core.ShapedArray(tuple(s), _dtype_of(t)) for s, t in description["out"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise JaxbindError(
-            f"jaxbind {label}: the program's description of the call is not valid ({err}); "
-            "was the program altered?") from None
-    dump = base64.b64decode(description["kwargs"])
+        dump = base64.b64decode(description["kwargs"], validate=True)
+    except ValueError:
+        raise JaxbindError(f"jaxbind {label}: the program's kwargs are not base64: was it altered?") from None
     with _lock:
-        ours = key in _made_here  # then the bytes are this process's own (their digest is the key)
-    kwargs = Kwargs.from_program(dump, name, ours)
+        made = _made_here.get(key)
+    # The bytes are this process's own when the description is the one it registered this key
+    # for (compared by a digest keyed with this process's secret); else plain data only.
+    ours = made is not None and hmac.compare_digest(made, _secret_digest(text))
+    kwargs = Kwargs.from_program(dump, _shown(name), ours)
     with _lock:
         handle = _live.get(key)
         if handle is None:
-            handle = _register(role, kwargs, batch, avals_in, avals_out, padded, key, text)
+            try:
+                handle = _register(role, kwargs, batch, avals_in, avals_out, padded, key, text)
+            except (TypeError, ValueError) as err:  # a layout the compiled core refuses
+                raise JaxbindError(
+                    f"jaxbind {label}: the program's description of the call is not valid ({err}); "
+                    "was the program altered?") from None
         definition.keep_resolved(key, handle, RESOLVED_KEPT)
+
+
+def _call_of(description: dict, definition: OpDef, label: str):
+    """The role, batch, padding and avals a description gives, checked against the op."""
+    try:
+        family, slot, n_fixed, in_sizes = description["role"]
+        if not all(isinstance(v, int) for v in (family, slot, n_fixed, *in_sizes)):
+            raise TypeError("the role's numbers are not integers")
+        if not (0 <= family < len(definition.families)
+                and 0 <= slot < len(definition.families[family].callbacks)):
+            raise ValueError("no such callback")
+        role = Role(definition, family, slot, n_fixed, tuple(in_sizes))
+        batch = _batch_from_json(description["batch"])
+        padded = description["padded"]
+        if not isinstance(padded, bool):
+            raise TypeError("'padded' is not true or false")
+        if padded and batch is None:
+            raise ValueError("a padded call has no batch")
+        avals_in = tuple(jax.core.ShapedArray(tuple(s), _dtype_of(t)) for s, t in description["in"])
+        avals_out = tuple(jax.core.ShapedArray(tuple(s), _dtype_of(t)) for s, t in description["out"])
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+        raise JaxbindError(
+            f"jaxbind {label}: the program's description of the call is not valid ({err}); "
+            "was the program altered?") from None
+    return role, batch, padded, avals_in, avals_out
 
 
 def _read(text: str) -> dict:
@@ -354,19 +440,19 @@ def _read(text: str) -> dict:
         description = json.loads(text)
         if not isinstance(description, dict):
             raise ValueError("not an object")
-    except ValueError:
+    except (ValueError, RecursionError):
         raise JaxbindError(
             "jaxbind: the program names a jaxbind call site whose description is not readable: "
             "the program was altered or made by an unknown tool.") from None
-    schema = description.get("schema")
-    name = description.get("op", "?")
-    if schema != SCHEMA:
-        raise JaxbindError(
-            f"jaxbind op '{name}': the program was made by a jaxbind whose call-site schema is "
-            f"{schema!r}; this jaxbind reads schema {SCHEMA}. Run it with the jaxbind version that "
-            "made it, or make (export) the program again with this one.")
+    name = description.get("op")
     if not isinstance(name, str) or not isinstance(description.get("kwargs"), str):
         raise JaxbindError("jaxbind: the program's description of a call names no op: was it altered?")
+    schema = description.get("schema")
+    if schema != SCHEMA:
+        raise JaxbindError(
+            f"jaxbind op '{_shown(name)}': the program was made by a jaxbind whose call-site schema is "
+            f"{schema!r:.40}; this jaxbind reads schema {SCHEMA}. Run it with the jaxbind version that "
+            "made it, or make (export) the program again with this one.")
     return description
 
 
@@ -379,15 +465,16 @@ def _find_definition(name: str, description: dict) -> OpDef:
         matches = [d for d, _ in live]
     if len(matches) == 1:
         return matches[0]
+    shown = _shown(name)
     if not matches:
         raise JaxbindError(
-            f"jaxbind op '{name}': the program calls op '{name}', which this process does not "
+            f"jaxbind op '{shown}': the program calls op '{shown}', which this process does not "
             f"define (now): define it (jaxbind.get_linear_call / get_nonlinear_call with "
-            f"name='{name}', as where the program was made) before calling the program.")
+            f"name='{shown}', as where the program was made) before calling the program.")
     raise JaxbindError(
-        f"jaxbind op '{name}': the program calls op '{name}', and this process defines "
+        f"jaxbind op '{shown}': the program calls op '{shown}', and this process defines "
         f"{len(matches)} different ops of that name, so it cannot tell which: give them distinct "
         "name=... values.")
 
 
-_trampoline.set_resolver(resolve)
+_trampoline.set_resolver(resolve, check_program)
