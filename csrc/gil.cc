@@ -15,6 +15,9 @@ namespace {
 std::atomic<int64_t> g_python_calls{0};
 std::atomic<bool> g_shutting_down{false};
 std::atomic<unsigned long> g_exiting_thread{0};  // runs the exit hooks, then finalizes
+// The thread states GilHold made for XLA's threads, kept for the life of the process.
+std::mutex g_kept_states_mutex;
+std::vector<PyThreadState*> g_kept_states;
 
 bool PythonFinalizing() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -42,6 +45,8 @@ inline GilHold::GilHold() {
     // Bound to this OS thread as its GILState thread state, so the next call
     // finds it through PyGILState_GetThisThreadState.
     ts = PyThreadState_New(PyInterpreterState_Main());
+    std::lock_guard<std::mutex> lock(g_kept_states_mutex);
+    g_kept_states.push_back(ts);
   }
   PyEval_RestoreThread(ts);
   acquired_ = true;
@@ -50,6 +55,22 @@ inline GilHold::GilHold() {
 inline GilHold::~GilHold() {
   if (acquired_) PyEval_SaveThread();
   g_python_calls.fetch_sub(1);
+}
+
+// The per-thread dicts of the kept thread states (threading.local values, and
+// the tables C extensions keep there) are set aside, never destroyed. CPython
+// would clear those thread states late in finalization, on the main thread,
+// with modules half torn down: a library's thread-local destructor then runs
+// where it was never meant to (SciPy's SuperLU table of allocations left a
+// TypeError behind it, and the process ended with status 120), or frees memory
+// that objects still alive elsewhere use. Set aside, they live to the end of
+// the process like the state of a thread still running at exit. Called with
+// the GIL, once no callback runs on any of those threads.
+void SetAsideThreadLocals() {
+  std::lock_guard<std::mutex> lock(g_kept_states_mutex);
+  for (PyThreadState* ts : g_kept_states) {
+    if (ts != PyThreadState_Get()) ts->dict = nullptr;  // (its reference is kept: never freed)
+  }
 }
 
 // Refuses new Python callbacks and waits up to `timeout` seconds for the
@@ -65,6 +86,7 @@ int64_t Shutdown(double timeout) {
   }
   const int64_t running = g_python_calls.load();
   PyEval_RestoreThread(state);
+  if (running == 0) SetAsideThreadLocals();
   return running;
 }
 

@@ -85,6 +85,61 @@ def test_exit_while_a_callback_runs_on_a_worker_thread_is_clean(tmp_path, how, t
         assert "Fatal Python error" not in err
 
 
+# A factorization made by a callback on an XLA worker thread and kept in a module-level cache (the
+# workaround users reach for to reuse it in the vjp). SciPy's SuperLU records its allocations in a
+# table in the thread's per-thread dict, whose destructor, run at finalization on another thread,
+# left a TypeError that failed the flush of stdout: exit status 120.
+KEPT_FACTORIZATION_SCRIPT = textwrap.dedent("""
+    import threading
+    import jax, jax.numpy as jnp, numpy as np, scipy.sparse as sp, scipy.sparse.linalg as spla
+    import jaxbind
+    jax.config.update("jax_enable_x64", True)
+    n = 2000
+    laplacian = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(n, n), format="csc")
+    CACHE, THREADS = {}, set()
+
+    def solve(out, args, kwargs_dump):
+        THREADS.add(threading.get_ident())
+        CACHE["lu"] = spla.splu((laplacian * (1.0 + args[0][0])).tocsc())
+        out[0][...] = CACHE["lu"].solve(np.ones(n))
+
+    def solve_jvp(out, args, kwargs_dump):
+        out[0][...] = -args[1][0] / (1.0 + args[0][0]) * CACHE["lu"].solve(np.ones(n))
+
+    def solve_vjp(out, args, kwargs_dump):
+        u = CACHE["lu"].solve(np.ones(n))
+        out[0][...] = -np.dot(args[1], u) / (1.0 + args[0][0])
+
+    def abstract(k, *tangent):
+        return (((n,), k.dtype),)
+
+    def abstract_reverse(k, cotangent):
+        return ((k.shape, k.dtype),)
+
+    op = jaxbind.get_nonlinear_call(solve, (solve_jvp, solve_vjp), abstract, abstract_reverse)
+
+    @jax.jit
+    def loss_and_busy_work(k, y):  # the work beside the op: XLA runs it on a worker thread
+        return jnp.sum(op(k)[0]), jnp.sin(y) @ jnp.cos(y).T
+
+    k, y = jnp.array([0.5]), jnp.ones((300, 300))
+    (value, _), grad = jax.value_and_grad(loss_and_busy_work, has_aux=True)(k, y)
+    u = spla.spsolve(laplacian * 1.5, np.ones(n))
+    assert np.isclose(float(value), u.sum()) and np.isclose(float(grad[0]), -u.sum() / 1.5)
+    print("worker thread:", threading.get_ident() not in THREADS, flush=True)
+""")
+
+
+def test_a_factorization_kept_from_a_worker_thread_exits_cleanly(tmp_path):
+    pytest.importorskip("scipy")
+    script = tmp_path / "kept_factorization.py"
+    script.write_text(KEPT_FACTORIZATION_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": JAXBIND_PARENT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert "worker thread: True" in run.stdout, run.stdout + run.stderr[-2000:]
+    assert run.returncode == 0 and "Exception ignored" not in run.stderr, run.stderr[-2000:]
+
+
 # ---------------------------------------------------------------------------
 # Arrays a callback keeps after returning
 # ---------------------------------------------------------------------------
