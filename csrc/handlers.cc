@@ -82,14 +82,7 @@ ffi::Error Dispatch(ffi::ThreadPool pool, std::string_view call, int64_t key,
                      &pool);
   }
   if (!Py_IsInitialized()) return ErrorText(&site, "the Python interpreter is not running");
-  std::string why;
-  const PythonSite* python = EnterPython(std::get_if<PythonSite>(entry), key, call, &why);
-  if (python == nullptr) return ffi::Error(ffi::ErrorCode::kInvalidArgument, why);
-  ffi::Error result = python->valid_levels != 0 && python->levels == 0
-                          ? RunPythonWholePadded(*python, raw_args, raw_rets)
-                          : RunPython(*python, raw_args, raw_rets, &pool);
-  LeavePython(*python);
-  return result;
+  return CallPython(std::get_if<PythonSite>(entry), key, call, raw_args, raw_rets, &pool);
 }
 
 // The handler for concurrent native kernels: the kernel runs on XLA's

@@ -81,16 +81,16 @@ struct Site {
 struct PythonSite : Site {
   // Borrowed from the site's Python handle (which the garbage collector sees);
   // null once the site is released. Read and cleared under the GIL, and, on
-  // CPython builds without a GIL, under `refs` too (HoldCallable, ReleaseSite):
-  // a release on another thread must not free them between a call's read and
-  // its new reference.
+  // CPython builds without a GIL, under `refs` too (PythonRefs::Hold,
+  // ReleaseSite): a release on another thread must not free them between a
+  // call's read and its new reference.
   PyObject* callable = nullptr;
   PyObject* kwargs_dump = nullptr;  // bytes, handed to every call unchanged
 #ifdef Py_GIL_DISABLED
   mutable std::mutex refs;
 #endif
   // The (args, out) tuples of views from the last call, reused while nobody
-  // else holds them (guarded by the GIL).
+  // else holds them (claimed by ClaimViewCache).
   mutable PyObject* cached_in = nullptr;
   mutable PyObject* cached_out = nullptr;
   mutable std::atomic<bool> cache_busy{false};
@@ -102,27 +102,60 @@ struct PythonSite : Site {
   // such bodies pay for a helper's GIL round trip only once in
   // kSerialAfterNoHelp walks (see RunPython).
   mutable std::atomic<int> serial_walks{0};
-  // Dispatches running this site now. A program may outlive the Python
-  // holders of its sites (an executable JAX still runs after it dropped its
-  // Python half): a release while a dispatch runs takes the handle's
-  // references and leaves the last dispatch to drop them (EnterPython,
-  // LeavePython, ReleaseSite in registry.cc).
-  mutable std::atomic<int64_t> in_flight{0};
-  mutable std::atomic<bool> finished{false};  // its references dropped (FinishRelease)
 };
 
-// New references to a site's callable and kwargs for one call; false once the
-// site is released.
-inline bool HoldCallable(const PythonSite& site, PyObject** callable, PyObject** kwargs_dump) {
+// New references to a Python site's callable and kwargs, which one dispatch
+// holds for every call it makes (with the GIL; dropped with it). A program may
+// outlive the Python holders of its sites (JAX may run an executable after it
+// dropped its Python half): the site's release then takes nothing from a
+// dispatch that runs it.
+class PythonRefs {
+ public:
+  PythonRefs() = default;
+  ~PythonRefs() {
+    Py_XDECREF(kwargs_dump_);
+    Py_XDECREF(callable_);
+  }
+  PythonRefs(const PythonRefs&) = delete;
+  PythonRefs& operator=(const PythonRefs&) = delete;
+  // The site's, if it is not released; false otherwise.
+  bool Hold(const PythonSite& site) {
 #ifdef Py_GIL_DISABLED
-  std::lock_guard<std::mutex> lock(site.refs);
+    std::lock_guard<std::mutex> lock(site.refs);
 #endif
-  if (site.callable == nullptr) return false;
-  *callable = site.callable;
-  *kwargs_dump = site.kwargs_dump;
-  Py_INCREF(*callable);
-  Py_INCREF(*kwargs_dump);
+    if (site.callable == nullptr) return false;
+    callable_ = site.callable;
+    kwargs_dump_ = site.kwargs_dump;
+    Py_INCREF(callable_);
+    Py_INCREF(kwargs_dump_);
+    return true;
+  }
+  // CPython is ending this thread: nothing may be dropped without the GIL.
+  void Abandon() { callable_ = kwargs_dump_ = nullptr; }
+  PyObject* callable() const { return callable_; }
+  PyObject* kwargs_dump() const { return kwargs_dump_; }
+
+ private:
+  PyObject* callable_ = nullptr;
+  PyObject* kwargs_dump_ = nullptr;
+};
+
+// The view cache's claim: a re-entrant or overlapping call (another thread,
+// while this callback released the GIL, or a parallel walk) makes its own
+// views. Every claim is made with the GIL, so on a GIL build a load and a
+// store suffice; without a GIL, an atomic exchange.
+inline bool ClaimViewCache(const PythonSite& site) {
+#ifdef Py_GIL_DISABLED
+  return !site.cache_busy.exchange(true, std::memory_order_acquire);
+#else
+  if (site.cache_busy.load(std::memory_order_relaxed)) return false;
+  site.cache_busy.store(true, std::memory_order_relaxed);
   return true;
+#endif
+}
+
+inline void ReturnViewCache(const PythonSite& site) {
+  site.cache_busy.store(false, std::memory_order_release);
 }
 
 // A kwarg of a native kernel with the storage its C view points into.
@@ -169,12 +202,11 @@ int64_t RegisterSite(int64_t key, std::string description, std::string name, nb:
                      uintptr_t native_address, nb::handle native_kwargs, size_t valid_levels,
                      bool thread_safe);
 void ReleaseSite(int64_t serial);
-// The live Python site a dispatch may call now, counted as running until
-// LeavePython: `site`, or the site made anew for `key` if `site` was released
-// (the program outlived its holders); null with `error` set if none can be.
-const PythonSite* EnterPython(const PythonSite* site, int64_t key, std::string_view call,
-                              std::string* error);
-void LeavePython(const PythonSite& site);
+// The Python site a dispatch calls now, its references in `refs` (with the
+// GIL): `site`, or the site made anew for `key` if `site` was released (the
+// program outlived its holders); null with `error` set if none can be.
+const PythonSite* HoldPythonSite(const PythonSite* site, int64_t key, std::string_view call,
+                                 PythonRefs* refs, std::string* error);
 
 // ---- The GIL and shutdown (gil.cc) ------------------------------------------
 
@@ -240,8 +272,12 @@ std::string FindUnwritten(size_t n_in, void* const* ins, size_t n_out, void* con
 
 // ---- Calls (python_call.cc, native_call.cc, padded.cc) ---------------------
 
-ffi::Error RunPython(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets,
-                     ffi::ThreadPool* pool);
+// A dispatch of a Python site: the GIL, the site's references, the call.
+ffi::Error CallPython(const PythonSite* site, int64_t key, std::string_view call,
+                      const XLA_FFI_Args* args, const XLA_FFI_Rets* rets, ffi::ThreadPool* pool);
+// With the GIL held and the site's references in `refs`.
+ffi::Error RunPython(const PythonSite& site, const PythonRefs& refs, const XLA_FFI_Args* args,
+                     const XLA_FFI_Rets* rets, ffi::ThreadPool* pool);
 ffi::Error RunNative(const NativeSite& site, size_t n_in, void* const* ins, size_t n_out,
                      void* const* outs, ffi::ThreadPool* pool);
 ffi::Error RunNativeChecked(const NativeSite& site, size_t n_in, void* const* ins, size_t n_out,
@@ -251,6 +287,7 @@ __attribute__((noinline)) ffi::Error RunNativeWholePadded(const NativeSite& site
                                                           void* const* ins, size_t n_out,
                                                           void* const* outs, ffi::ThreadPool* pool);
 __attribute__((noinline)) ffi::Error RunPythonWholePadded(const PythonSite& site,
+                                                          const PythonRefs& refs,
                                                           const XLA_FFI_Args* args,
                                                           const XLA_FFI_Rets* rets);
 void SetNativeKwargs(NativeSite& site, nb::handle native_kwargs);

@@ -201,6 +201,7 @@ __attribute__((noinline)) ffi::Error RunNativeWholePadded(const NativeSite& site
 }
 
 __attribute__((noinline)) ffi::Error RunPythonWholePadded(const PythonSite& site,
+                                                          const PythonRefs& refs,
                                                           const XLA_FFI_Args* args,
                                                           const XLA_FFI_Rets* rets) {
   return RunWholePadded(site, args->size, args->args, rets->size, rets->rets,
@@ -210,7 +211,7 @@ __attribute__((noinline)) ffi::Error RunPythonWholePadded(const PythonSite& site
                           real_args.args = const_cast<void**>(ins);
                           XLA_FFI_Rets real_rets = *rets;
                           real_rets.rets = const_cast<void**>(outs);
-                          return RunPython(site, &real_args, &real_rets, /*pool=*/nullptr);
+                          return RunPython(site, refs, &real_args, &real_rets, /*pool=*/nullptr);
                         });
 }
 

@@ -11,21 +11,11 @@ namespace {
 // Builds (out, args) tuples of views for one batch element and calls the site.
 // `in_offsets`/`out_offsets` are byte offsets into each buffer. On failure,
 // `error` is the message of the error the call becomes.
-bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets,
-              const int64_t* in_offsets, const int64_t* out_offsets,
+bool CallOnce(const PythonSite& site, const PythonRefs& refs, const XLA_FFI_Args* args,
+              const XLA_FFI_Rets* rets, const int64_t* in_offsets, const int64_t* out_offsets,
               int out_skip, std::string* error) {
-  // Held for the call: the site may be released meanwhile (by the callback, or
-  // by another thread while the callback released the GIL).
-  PyObject *callable = nullptr, *kwargs_dump = nullptr;
-  if (!HoldCallable(site, &callable, &kwargs_dump)) {  // released while a walk ran (its op was freed)
-    *error = "jaxbind " + site.name + ": the op was freed while the program called it";
-    return false;
-  }
-  // The cached views are this call's only if no other call has them: a
-  // re-entrant or overlapping call (another thread, while this callback
-  // released the GIL, or a parallel walk) makes its own. Claimed atomically,
-  // so that this holds without a GIL too.
-  const bool use_cache = !site.cache_busy.exchange(true, std::memory_order_acquire);
+  // The cached views are this call's only if no other call has them.
+  const bool use_cache = ClaimViewCache(site);
   PyObject* in_tuple = ViewTuple(use_cache ? site.cached_in : nullptr, args->args, args->size,
                                  in_offsets, site, -1, /*writable=*/false);
   PyObject* out_tuple = ViewTuple(use_cache ? site.cached_out : nullptr, rets->rets, rets->size,
@@ -34,8 +24,8 @@ bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Re
   if (!ok) *error = MessageFromPython(site);
   bool kept = false;
   if (ok) {
-    PyObject* argv[3] = {out_tuple, in_tuple, kwargs_dump};
-    PyObject* result = PyObject_Vectorcall(callable, argv, 3, nullptr);
+    PyObject* argv[3] = {out_tuple, in_tuple, refs.kwargs_dump()};
+    PyObject* result = PyObject_Vectorcall(refs.callable(), argv, 3, nullptr);
     if (result == nullptr) {
       *error = MessageFromPython(site);  // frees the frames of the traceback
       ok = false;
@@ -72,8 +62,6 @@ bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Re
       kept = true;
     }
   }
-  Py_DECREF(kwargs_dump);
-  Py_DECREF(callable);
   const bool alive = site.alive.load();
   if (ok && use_cache && alive) {  // keep the views for the next call
     if (site.cached_in != in_tuple) std::swap(site.cached_in, in_tuple);
@@ -89,7 +77,7 @@ bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Re
       Py_CLEAR(site.cached_in);
       Py_CLEAR(site.cached_out);
     }
-    site.cache_busy.store(false, std::memory_order_release);
+    ReturnViewCache(site);
   }
   Py_XDECREF(in_tuple);
   Py_XDECREF(out_tuple);
@@ -108,13 +96,15 @@ constexpr int kSerialAfterNoHelp = 16;
 // they claim. Callbacks that release the GIL (NumPy on large arrays, SciPy's
 // compiled routines, numba's nogil functions) then run side by side. Called
 // with the GIL held and elements [0, 2) done; returns with the GIL held.
-bool RunPythonParallel(const PythonSite& site, const WalkPlan& plan, const XLA_FFI_Args* callee,
-                       const XLA_FFI_Rets* rets, std::shared_ptr<ChunkedWalk> walk,
-                       int64_t threads, ffi::ThreadPool* pool, std::string* error) {
+bool RunPythonParallel(const PythonSite& site, const PythonRefs& refs, const WalkPlan& plan,
+                       const XLA_FFI_Args* callee, const XLA_FFI_Rets* rets,
+                       std::shared_ptr<ChunkedWalk> walk, int64_t threads, ffi::ThreadPool* pool,
+                       std::string* error) {
   const int out_skip = static_cast<int>(site.levels);
-  auto run = [&site, &plan, callee, rets, out_skip](int64_t begin, int64_t end, std::string* why) {
+  // (The helpers use the dispatch's references: it waits for them below.)
+  auto run = [&site, &refs, &plan, callee, rets, out_skip](int64_t begin, int64_t end, std::string* why) {
     return WalkRange(plan, begin, end, [&](const int64_t* in_off, const int64_t* out_off) {
-      return CallOnce(site, callee, rets, in_off, out_off, out_skip, why);
+      return CallOnce(site, refs, callee, rets, in_off, out_off, out_skip, why);
     });
   };
   auto helper = [walk, run]() {
@@ -160,8 +150,8 @@ bool RunPythonParallel(const PythonSite& site, const WalkPlan& plan, const XLA_F
 
 // A Python callback over a whole call: once, or once per element of a walk
 // (spread over `pool` when the site is thread-safe and the walk is long).
-ffi::Error RunPython(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Rets* rets,
-                     ffi::ThreadPool* pool) {
+ffi::Error RunPython(const PythonSite& site, const PythonRefs& refs, const XLA_FFI_Args* args,
+                     const XLA_FFI_Rets* rets, ffi::ThreadPool* pool) {
   WalkPlan plan(site.levels, args->size, rets->size);
   if (site.levels != 0) {
     std::string bad = PlanWalk(site, args->args, rets->rets, &plan);
@@ -173,53 +163,65 @@ ffi::Error RunPython(const PythonSite& site, const XLA_FFI_Args* args, const XLA
   XLA_FFI_Args trimmed = *args;
   trimmed.size -= 1;
   const XLA_FFI_Args* callee = plan.valid != nullptr ? &trimmed : args;
-  GilHold gil;
-  if (!gil.held()) {
-    return ErrorText(&site, "the callback was not run: the Python interpreter is shutting down");
-  }
   const bool check = g_check_unwritten.load(std::memory_order_relaxed);
   if (check) FillSentinel(args->size, args->args, rets->size, rets->rets);
   std::string error;
   bool ok = false;
   auto call_range = [&](int64_t begin, int64_t end) {
     return WalkRange(plan, begin, end, [&](const int64_t* in_off, const int64_t* out_off) {
-      return CallOnce(site, callee, rets, in_off, out_off, out_skip, &error);
+      return CallOnce(site, refs, callee, rets, in_off, out_off, out_skip, &error);
     });
   };
-#if defined(__GLIBCXX__)
-  try {
-#endif
-    const int64_t threads = pool != nullptr ? pool->num_threads() : 0;
-    double element_ns = 0.0;
-    if (site.thread_safe && site.levels != 0 && threads > 0 && plan.total >= 2) {
-      auto walk = std::make_shared<ChunkedWalk>();
-      ok = TimeFirstElements(call_range, &element_ns);
-      int serial = site.serial_walks.load(std::memory_order_relaxed);
-      if (serial > 0) site.serial_walks.store(serial - 1, std::memory_order_relaxed);
-      if (g_spread_walks.load(std::memory_order_relaxed)) {
-        serial = 0;
-        element_ns = std::max(element_ns, kParallelMinNs);  // (chunks of a few elements: see Plan)
-      }
-      if (ok && serial <= 0 && walk->Plan(2, plan.total, element_ns, threads)) {
-        ok = RunPythonParallel(site, plan, callee, rets, walk, threads, pool, &error);
-      } else if (ok) {
-        ok = call_range(2, plan.total);
-      }
-    } else {
-      ok = call_range(0, plan.total);
+  const int64_t threads = pool != nullptr ? pool->num_threads() : 0;
+  double element_ns = 0.0;
+  if (site.thread_safe && site.levels != 0 && threads > 0 && plan.total >= 2) {
+    auto walk = std::make_shared<ChunkedWalk>();
+    ok = TimeFirstElements(call_range, &element_ns);
+    int serial = site.serial_walks.load(std::memory_order_relaxed);
+    if (serial > 0) site.serial_walks.store(serial - 1, std::memory_order_relaxed);
+    if (g_spread_walks.load(std::memory_order_relaxed)) {
+      serial = 0;
+      element_ns = std::max(element_ns, kParallelMinNs);  // (chunks of a few elements: see Plan)
     }
-#if defined(__GLIBCXX__)
-  } catch (abi::__forced_unwind&) {
-    gil.Abandon();  // CPython ends this thread: Python is finalizing (see Shutdown)
-    throw;
+    if (ok && serial <= 0 && walk->Plan(2, plan.total, element_ns, threads)) {
+      ok = RunPythonParallel(site, refs, plan, callee, rets, walk, threads, pool, &error);
+    } else if (ok) {
+      ok = call_range(2, plan.total);
+    }
+  } else {
+    ok = call_range(0, plan.total);
   }
-#endif
   if (ok && check) {
     std::string unwritten = FindUnwritten(args->size, args->args, rets->size, rets->rets);
     if (!unwritten.empty()) return ErrorText(&site, unwritten);
   }
   if (ok) return ffi::Error::Success();
   return ffi::Error(ffi::ErrorCode::kInternal, ValidUtf8(error));
+}
+
+ffi::Error CallPython(const PythonSite* site, int64_t key, std::string_view call,
+                      const XLA_FFI_Args* args, const XLA_FFI_Rets* rets, ffi::ThreadPool* pool) {
+  GilHold gil;
+  if (!gil.held()) {
+    return ErrorText(site, "the callback was not run: the Python interpreter is shutting down");
+  }
+  PythonRefs refs;  // (declared after the GIL's holder: dropped while it still holds the GIL)
+  std::string why;
+  site = HoldPythonSite(site, key, call, &refs, &why);
+  if (site == nullptr) return ffi::Error(ffi::ErrorCode::kInvalidArgument, why);
+#if defined(__GLIBCXX__)
+  try {
+#endif
+    return site->valid_levels != 0 && site->levels == 0
+               ? RunPythonWholePadded(*site, refs, args, rets)
+               : RunPython(*site, refs, args, rets, pool);
+#if defined(__GLIBCXX__)
+  } catch (abi::__forced_unwind&) {
+    refs.Abandon();  // CPython ends this thread: Python is finalizing (see Shutdown)
+    gil.Abandon();
+    throw;
+  }
+#endif
 }
 
 }  // namespace

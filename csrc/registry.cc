@@ -221,35 +221,10 @@ int64_t RegisterSite(int64_t key, std::string description, std::string name, nb:
   return site.serial;
 }
 
-// A released Python site's references, dropped once no dispatch runs it
-// (with the GIL; once).
-void FinishRelease(const PythonSite& site) {
-  if (site.finished.exchange(true, std::memory_order_acq_rel)) return;
-  auto& python = const_cast<PythonSite&>(site);
-  PyObject *callable, *kwargs_dump;
-  {
-#ifdef Py_GIL_DISABLED
-    std::lock_guard<std::mutex> refs(python.refs);
-#endif
-    callable = python.callable;
-    kwargs_dump = python.kwargs_dump;
-    python.callable = nullptr;
-    python.kwargs_dump = nullptr;
-  }
-  // Claimed like a call claims them; if a call has them, it drops them when it returns.
-  if (!python.cache_busy.exchange(true, std::memory_order_acquire)) {
-    Py_CLEAR(python.cached_in);
-    Py_CLEAR(python.cached_out);
-    python.cache_busy.store(false, std::memory_order_release);
-  }
-  Py_XDECREF(kwargs_dump);
-  Py_XDECREF(callable);
-}
-
 // The handle of a site is gone (under the GIL): nothing may look it up any
-// more. A dispatch already running it goes on with the references this takes
-// over from the handle, and the last such dispatch drops them; later calls of
-// the key make the site anew or fail with a message naming the op.
+// more. The site's borrowed references are cleared (the handle lets them go
+// after this returns); a dispatch running it holds references of its own, and
+// later calls of the key make the site anew or fail with a message naming the op.
 void ReleaseSite(int64_t serial) {
   PythonSite* python = nullptr;
   {
@@ -259,28 +234,32 @@ void ReleaseSite(int64_t serial) {
     Site& site = std::visit([](Site& s) -> Site& { return s; }, entry);
     if (!site.alive.load(std::memory_order_seq_cst)) return;
     python = std::get_if<PythonSite>(&entry);
-    if (python != nullptr) {  // owned from here on: the handle lets them go after this returns
-      Py_XINCREF(python->callable);
-      Py_XINCREF(python->kwargs_dump);
-    }
     site.alive.store(false, std::memory_order_seq_cst);
     std::string().swap(site.description);  // (a shell keeps its name and layout only)
     g_num_live_sites.fetch_sub(1, std::memory_order_relaxed);
   }
-  // Out of the lock: dropping references may run Python code, which may
-  // release another site or let another thread register one. A dispatch that
-  // counts itself after this load sees the site released and never calls it.
-  if (python != nullptr && python->in_flight.load(std::memory_order_seq_cst) == 0) {
-    FinishRelease(*python);
+  if (python == nullptr) return;
+  {
+#ifdef Py_GIL_DISABLED
+    std::lock_guard<std::mutex> refs(python->refs);
+#endif
+    python->callable = nullptr;
+    python->kwargs_dump = nullptr;
+  }
+  // Out of the registry's lock: dropping the views may run Python code, which
+  // may release another site or let another thread register one. A call that
+  // has the cache drops it when it returns (it sees the site released).
+  if (ClaimViewCache(*python)) {
+    Py_CLEAR(python->cached_in);
+    Py_CLEAR(python->cached_out);
+    ReturnViewCache(*python);
   }
 }
 
-const PythonSite* EnterPython(const PythonSite* site, int64_t key, std::string_view call,
-                              std::string* error) {
+const PythonSite* HoldPythonSite(const PythonSite* site, int64_t key, std::string_view call,
+                                 PythonRefs* refs, std::string* error) {
   for (int attempt = 0; attempt < 2; ++attempt) {
-    site->in_flight.fetch_add(1, std::memory_order_seq_cst);
-    if (site->alive.load(std::memory_order_seq_cst)) return site;
-    LeavePython(*site);
+    if (site->alive.load(std::memory_order_acquire) && refs->Hold(*site)) return site;
     const AnySite* again = ResolveSite(key, call, error);
     if (again == nullptr) return nullptr;
     site = std::get_if<PythonSite>(again);
@@ -292,14 +271,6 @@ const PythonSite* EnterPython(const PythonSite* site, int64_t key, std::string_v
   }
   *error = "jaxbind " + site->name + ": the op was freed while the program called it";
   return nullptr;
-}
-
-void LeavePython(const PythonSite& site) {
-  if (site.in_flight.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
-      !site.alive.load(std::memory_order_seq_cst)) {
-    GilHold gil;
-    if (gil.held()) FinishRelease(site);  // else the interpreter is ending: nothing to drop
-  }
 }
 
 }  // namespace

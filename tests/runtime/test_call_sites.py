@@ -381,6 +381,38 @@ def test_a_site_released_while_its_walk_runs_finishes_the_walk():
     np.testing.assert_allclose(lowered(x), 2.5 * x)  # and the next call makes it anew
 
 
+def test_a_site_released_during_its_own_call_lets_go_of_its_callback_after_it():
+    # The call keeps what it runs (the callback, what it captures, the kwargs) until it
+    # returns, and nothing of it afterwards.
+    class Captured:
+        pass
+
+    captured, pending, alive_when_released = Captured(), [], []
+    probe = weakref.ref(captured)
+
+    def body(out, args, kwargs_dump, captured=captured):
+        if pending:  # as when the handle's last holder is collected on another thread
+            key, serial = pending.pop()
+            _sites._live.pop(key)
+            _trampoline.release_site(serial)
+            gc.collect()
+            alive_when_released.append(probe() is not None)
+        out[0][...] = 2 * args[0]
+
+    op = jaxbind.get_nonlinear_call(body, None, like, None, name="released_in_its_call")
+    del captured, body
+    x = jnp.arange(3.0)
+    compiled = jax.jit(lambda v: op(v)[0]).lower(x).compile()
+    (handle,) = [h for h in _sites._live.values() if "released_in_its_call" in h.description]
+    pending.append((handle.key, handle.serial))
+    np.testing.assert_allclose(compiled(x), 2 * x)
+    assert alive_when_released == [True] and probe() is not None
+    del handle, compiled, op
+    jax.clear_caches()
+    gc.collect()
+    assert probe() is None
+
+
 def _outliving_program(name):
     """A compiled program of a fresh op whose own site was released under it, and the key it names."""
     op = make_op(name, f=scale_by_object)
