@@ -121,7 +121,7 @@ class Kwargs:
     passed changes nothing that was traced or compiled with it.
     """
 
-    __slots__ = ("dump", "_hash")
+    __slots__ = ("dump", "_hash", "_immutable")
 
     def __init__(self, values: dict, op_name: str):
         for key, value in values.items():
@@ -146,12 +146,13 @@ class Kwargs:
             ) from err
         self.dump = dump
         self._hash = hash(dump)
+        self._immutable = _UNREAD
 
     @classmethod
     def from_dump(cls, dump: bytes) -> "Kwargs":
         """Kwargs from bytes an earlier ``Kwargs`` of this process made (never foreign bytes)."""
         kwargs = cls.__new__(cls)
-        kwargs.dump, kwargs._hash = dump, hash(dump)
+        kwargs.dump, kwargs._hash, kwargs._immutable = dump, hash(dump), _UNREAD
         return kwargs
 
     @classmethod
@@ -168,8 +169,18 @@ class Kwargs:
 
     @property
     def values(self) -> dict:
-        """The kwargs, unpickled anew (a snapshot taken when the op was called)."""
-        return pickle.loads(self.dump)
+        """The kwargs as a fresh dict (a snapshot taken when the op was called).
+
+        Values that cannot change (numbers, strings, tuples of them, ...) are
+        unpickled once and the dict copied; others (a list, an array, which an
+        abstract could change) are unpickled anew each time.
+        """
+        kept = self._immutable
+        if kept is _UNREAD:
+            values = pickle.loads(self.dump)
+            kept = self._immutable = values if all(map(_cannot_change, values.values())) else None
+            return dict(values) if kept is not None else values
+        return dict(kept) if kept is not None else pickle.loads(self.dump)
 
     def with_values(self, **extra) -> "Kwargs":
         """A copy with more entries (used for ``batch_axes``)."""
@@ -184,6 +195,16 @@ class Kwargs:
     def __repr__(self):
         text = ", ".join(f"{k}={_short_repr(v)}" for k, v in self.values.items())
         return "{" + text + "}"
+
+
+_UNREAD = object()
+_UNCHANGING = (int, float, complex, str, bytes, type(None), np.generic, np.dtype, range, slice)
+
+
+def _cannot_change(value) -> bool:
+    if isinstance(value, (tuple, frozenset)):
+        return all(map(_cannot_change, value))
+    return isinstance(value, _UNCHANGING) and not isinstance(value, np.void)
 
 
 def _picklable(value) -> bool:

@@ -42,6 +42,28 @@ def test_kwargs_values_are_a_fresh_snapshot():
     assert kwargs.values == {"weights": [1.0, 2.0]}
 
 
+def test_kwargs_that_cannot_change_are_read_once_and_still_a_fresh_dict(monkeypatch):
+    # Each trace, lowering and re-resolution reads the kwargs: values that cannot change
+    # (numbers, strings, tuples of them) are unpickled once; a list or array each time.
+    import pickle
+
+    loads = []
+    real = pickle.loads
+    monkeypatch.setattr(pickle, "loads", lambda data: loads.append(1) or real(data))
+    fixed = Kwargs({"n": 3, "label": "x", "shape": (2, (1, 2.5)), "s": np.float32(1)}, "op")
+    for _ in range(4):
+        values = fixed.values
+        assert values == {"label": "x", "n": 3, "s": np.float32(1), "shape": (2, (1, 2.5))}
+        values["n"] = 99  # the caller's own dict
+    assert len(loads) == 1
+    changing = Kwargs({"weights": [1.0], "t": (np.zeros(1),)}, "op")
+    for _ in range(3):
+        changing.values["weights"].append(2.0)
+        changing.values["t"][0][0] = 5.0
+    assert changing.values["weights"] == [1.0] and changing.values["t"][0][0] == 0.0
+    assert len(loads) == 1 + 8
+
+
 def test_an_array_kwarg_is_not_kept_besides_its_serialized_bytes():
     # Before: every distinct value was kept twice (the object in the call-site
     # key and its pickle in the compiled call site).
@@ -80,8 +102,7 @@ def test_kwargs_holding_sets_pickle_to_the_same_bytes_in_every_process(tmp_path)
                                 capture_output=True, text=True, timeout=120, check=True)
         dumps.add(result.stdout)
     assert len(dumps) == 1
-    values = Kwargs({"v": 0}, "probe").__class__.__new__(Kwargs)
-    values.dump = bytes.fromhex(dumps.pop())
+    values = Kwargs.from_dump(bytes.fromhex(dumps.pop()))
     assert values.values == {"frozen": frozenset({("x", 1), ("y", 2), ("z", frozenset({"p", "q", "r"}))}),
                              "names": {"alpha", "beta", "gamma", "delta", "epsilon"},
                              "nested": [{"u", "v", "w"}, {"k": {"s", "t"}}]}
