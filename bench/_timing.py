@@ -1,11 +1,30 @@
 """Timing shared by the benchmarks: medians of interleaved repetitions of jitted calls."""
 
+import os
+import platform
 import statistics
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+def cpu_model() -> str:
+    """The CPU's model name (what makes per-call ratios differ between machines of one kind)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> float:
+    """The 1-minute load average when the run ends (a busy machine skews every row)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
 def median_seconds(fns, repeats):

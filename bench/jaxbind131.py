@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 
 import jaxbind  # noqa: E402
 from _bodies import batched_abstract, empty_body, numpy_double, same_shape  # noqa: E402
-from _timing import fori_per_call, plain_per_call  # noqa: E402  (bench/ is the script folder)
+from _timing import cpu_model, fori_per_call, load_average, plain_per_call  # noqa: E402  (bench/ is the script folder)
 
 warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
 
@@ -127,7 +127,7 @@ def main():
     load_before = os.getloadavg()
     results = {
         "machine": {
-            "platform": platform.platform(), "processor": platform.processor(),
+            "platform": platform.platform(), "processor": platform.processor(), "cpu": cpu_model(),
             "cpus": os.cpu_count(), "python": sys.version.split()[0],
             "jax": jax.__version__, "jaxlib": metadata.version("jaxlib"), "numpy": np.__version__,
             "jaxbind": version,
@@ -146,12 +146,13 @@ def main():
     results["other_us"] = other(rng)
     results["load_average"] = {"before": load_before, "after": os.getloadavg()}
     results["seconds"] = time.time() - started
+    results["machine"]["load_at_end"] = load_average()
     with open(options.json, "w") as handle:
         json.dump(results, handle, indent=2)
 
     m = results["machine"]
-    print(f"# JAXbind {m['jaxbind']}: {m['cpus']} CPUs, Python {m['python']}, jax {m['jax']}, "
-          f"numpy {m['numpy']}\n")
+    print(f"# JAXbind {m['jaxbind']}: {m['cpu']}, {m['cpus']} CPUs, Python {m['python']}, jax {m['jax']}, "
+          f"numpy {m['numpy']}, load at the end {m['load_at_end']:.2f}\n")
     print("| per call, µs | " + " | ".join(f"{s} elements" for s in sizes) + " |")
     print("|---|" + "---:|" * len(sizes))
     for name in results["per_call_us"][str(sizes[0])]:

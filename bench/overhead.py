@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 import jaxbind  # noqa: E402
 from _bodies import batched_abstract, empty_body, numpy_double, same_shape  # noqa: E402
 from _floor import ops as floor_ops  # noqa: E402
-from _timing import interleaved_per_call, interleaved_plain_per_call, looped, plain_per_call  # noqa: E402  (bench/ is the script folder)
+from _timing import cpu_model, interleaved_per_call, interleaved_plain_per_call, load_average, looped, plain_per_call  # noqa: E402  (bench/ is the script folder)
 from jaxbind import _trampoline  # noqa: E402
 
 try:
@@ -200,7 +200,7 @@ def main():
     started = time.time()
     results = {
         "machine": {
-            "platform": platform.platform(), "processor": platform.processor(),
+            "platform": platform.platform(), "processor": platform.processor(), "cpu": cpu_model(),
             "cpus": os.cpu_count(), "python": sys.version.split()[0],
             "jax": jax.__version__, "numpy": np.__version__,
         },
@@ -270,6 +270,7 @@ def main():
     results["other_us"] = other
     results["concurrency"] = concurrency()
     results["seconds"] = time.time() - started
+    results["machine"]["load_at_end"] = load_average()
 
     with open(options.json, "w") as handle:
         json.dump(results, handle, indent=2)
@@ -279,8 +280,8 @@ def main():
 
 def print_tables(results):
     m = results["machine"]
-    print(f"# jaxbind overhead: {m['platform']}, {m['cpus']} CPUs, Python {m['python']}, "
-          f"jax {m['jax']}, numpy {m['numpy']}\n")
+    print(f"# jaxbind overhead: {m['platform']}, {m.get('cpu', '?')}, {m['cpus']} CPUs, Python {m['python']}, "
+          f"jax {m['jax']}, numpy {m['numpy']}, load at the end {m.get('load_at_end', float('nan')):.2f}\n")
     print("Per call, microseconds (float64 arrays; caller = tiny program on the Python thread, "
           "worker = program XLA runs on its own thread):\n")
     sizes = list(results["per_call_us"])
