@@ -68,6 +68,15 @@ def test_a_float_kwarg_passed_as_a_string_fails_the_call(way):
     np.testing.assert_array_equal(jax.jit(lambda v: radius(v, r=0.1)[0])(x), 0.1 * x)
 
 
+def test_a_concurrent_kernel_reports_the_kwarg_too():
+    # (run on XLA's thread pool by the asynchronous handler)
+    op = jaxbind.get_nonlinear_call(jaxbind.native(LIB.jb_radius, concurrent=True), None, like_first, None)
+    with pytest.raises(RuntimeError, match=kwarg_error("r", "an int array of 2 entries", "a float",
+                                                       "jaxbind_kwarg_float", "a float (or an int)")):
+        jax.block_until_ready(jax.jit(lambda v: op(v, r=[1, 2])[0])(np.ones(3)))
+    np.testing.assert_array_equal(jax.jit(lambda v: op(v, r=2)[0])(np.ones(3)), [2, 2, 2])
+
+
 def test_an_int_for_a_float_is_read_as_the_float():
     x = np.arange(1.0, 4.0)
     for result in run(lambda v: radius(v, r=3)[0], x):
@@ -338,6 +347,8 @@ def test_a_declared_numba_kernel_gets_the_declared_kinds():
             np.testing.assert_array_equal(result, 3.0 * x)
     # one variant for every call: the int came as the declared float64
     assert {kwargs for _, _, kwargs in kernel._program.variants} == {(("r", 2),)}
+    # declared through jaxbind.native, it is the same kernel
+    assert jaxbind.native(jaxbind.numba_kernel(kernel.fn), kwargs={"r": float}) == kernel
 
 
 def test_a_declared_numba_kernel_refuses_at_the_call():
