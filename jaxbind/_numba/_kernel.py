@@ -83,6 +83,11 @@ def numba_kernel(fn=None, *, name: Optional[str] = None, concurrent: bool = Fals
         is a numba object other than an ``njit`` function (a ``numba.cfunc``
         with the kernel signature is a kernel already: pass it to the op
         directly).
+    ValueError
+        If ``kwargs`` declares a name that cannot be a field of ``fn``'s
+        kwargs (not an identifier, a Python keyword, or beginning with an
+        underscore) or that jaxbind passes itself (``batch_levels``,
+        ``batch_axes``).
 
     Notes
     -----
