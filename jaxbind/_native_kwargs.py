@@ -6,6 +6,7 @@ kernel as a float); an omitted kwarg gets its declared default, if it has one.""
 
 from __future__ import annotations
 
+import collections.abc
 import keyword
 import typing
 from typing import Optional
@@ -46,12 +47,12 @@ def declare(spec, where: str, fields: bool = False) -> Optional["Declared"]:
     """
     if spec is None or isinstance(spec, Declared):
         return spec
-    if not isinstance(spec, typing.Mapping):
+    if not isinstance(spec, collections.abc.Mapping):
         raise TypeError(f"{where}: kwargs must be a dict of name -> type (int, float, bool, str, list[int], "
                         f"list[float]) or default value, got {type(spec).__name__}.")
     declared = []
     for name, kind in spec.items():
-        if not isinstance(name, str) or not name or "\0" in name:
+        if not isinstance(name, str) or not name or "\0" in name or not _encodable(name):
             raise TypeError(f"{where}: kwargs declares {name!r:.60}, which is not a keyword argument name.")
         if name in _RESERVED:
             raise ValueError(f"{where}: kwargs declares '{name}', which jaxbind passes itself to the kernels of "
@@ -75,6 +76,14 @@ def declare(spec, where: str, fields: bool = False) -> Optional["Declared"]:
                             "numba kernels take ints, floats, bools and 1-d sequences of ints or floats.")
         declared.append((name, code, default))
     return Declared(tuple(sorted(declared)))
+
+
+def _encodable(name: str) -> bool:
+    try:
+        name.encode("utf-8")  # (a lone surrogate cannot reach a kernel)
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 class Declared:

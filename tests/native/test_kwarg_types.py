@@ -299,6 +299,7 @@ def test_a_batching_kernel_still_gets_the_batch_layout():
     ({"r": list[str]}, TypeError, "jaxbind.native: kwargs declares 'r' as list[str], which is neither"),
     ({"r": None}, TypeError, "jaxbind.native: kwargs declares 'r' as None, which is neither"),
     ({1: float}, TypeError, "jaxbind.native: kwargs declares 1, which is not a keyword argument name."),
+    ({"r\ud800": float}, TypeError, "jaxbind.native: kwargs declares 'r\\ud800', which is not a keyword argument"),
     ({"batch_axes": list[int]}, ValueError, "jaxbind.native: kwargs declares 'batch_axes', which jaxbind passes "
                                             "itself to the kernels of ops with func_can_batch=True"),
 ])
