@@ -62,9 +62,14 @@ void SetNativeKwargs(NativeSite& site, nb::handle native_kwargs) {
 
 // Why a kernel call failed, the text after the site's name ("op 'scale'", or
 // "op 'scale' (transpose callback 'scale_T')" for a callback other than the
-// forward one): the kernel's own message, or, without one, which callback
-// failed and how to give a message.
-std::string KernelFailure(const NativeSite& site, char* error, size_t size, int code) {
+// forward one): a kwarg the kernel could not read as it asked (written by the
+// header's accessors, whatever the kernel returned: the root cause of anything
+// the kernel did next), else the kernel's own message, or, without one, which
+// callback failed and how to give a message.
+std::string KernelFailure(const NativeSite& site, char* error, size_t size, int code,
+                          char* kwarg_error, size_t kwarg_size) {
+  kwarg_error[kwarg_size - 1] = '\0';
+  if (kwarg_error[0]) return "native kernel failed: " + std::string(kwarg_error);
   error[size - 1] = '\0';
   if (error[0]) return "native kernel failed: " + std::string(error);
   const std::string& name = site.name;
@@ -76,6 +81,10 @@ std::string KernelFailure(const NativeSite& site, char* error, size_t size, int 
          " without a message (a kernel that fails should write one: return jaxbind_fail(call, "
          "\"...\"))";
 }
+
+// Room for the message of a kwarg an accessor could not read (a kwarg's name,
+// two type names and a value, cut at 40 bytes, in one sentence).
+constexpr size_t kKwargErrorSize = 512;
 
 // The buffers of a kernel call without a walk, described straight from XLA's.
 constexpr size_t kWholeMax = 16;  // buffers; more take the walk's path
@@ -102,15 +111,18 @@ ffi::Error RunNativeWhole(const NativeSite& site, size_t n_in, void* const* ins,
   jaxbind_array in[kWholeMax], out[kWholeMax];
   Describe(ins, n_in, in);
   Describe(outs, n_out, out);
-  char error[2048];
+  char error[2048], kwarg_error[kKwargErrorSize];
   error[0] = '\0';
+  kwarg_error[0] = '\0';
   jaxbind_call call{static_cast<int64_t>(sizeof(jaxbind_call)), JAXBIND_ABI_VERSION,
                     static_cast<int64_t>(n_out), out, static_cast<int64_t>(n_in), in,
                     static_cast<int64_t>(site.kwargs.size()), site.kwargs.data(), error,
-                    static_cast<int64_t>(sizeof(error))};
+                    static_cast<int64_t>(sizeof(error)), kwarg_error,
+                    static_cast<int64_t>(sizeof(kwarg_error))};
   const int code = site.kernel(&call);
-  if (code == 0) return ffi::Error::Success();
-  return ErrorText(&site, KernelFailure(site, error, sizeof(error), code));
+  if (code == 0 && kwarg_error[0] == '\0') return ffi::Error::Success();
+  return ErrorText(&site, KernelFailure(site, error, sizeof(error), code, kwarg_error,
+                                        sizeof(kwarg_error)));
 }
 
 // Runs a native kernel over elements of a walk: descriptors on the stack, no
@@ -132,11 +144,13 @@ class NativeRunner {
       out_[j] = jaxbind_array{nullptr, buf->dims + out_skip, buf->rank - out_skip, buf->dtype};
     }
     error_[0] = '\0';
+    kwarg_error_[0] = '\0';
     call_ = jaxbind_call{static_cast<int64_t>(sizeof(jaxbind_call)), JAXBIND_ABI_VERSION,
                          static_cast<int64_t>(plan.n_out), out_.data(),
                          static_cast<int64_t>(n_in_), in_.data(),
                          static_cast<int64_t>(site.kwargs.size()),
-                         site.kwargs.data(), error_, static_cast<int64_t>(sizeof(error_))};
+                         site.kwargs.data(), error_, static_cast<int64_t>(sizeof(error_)),
+                         kwarg_error_, static_cast<int64_t>(sizeof(kwarg_error_))};
   }
   NativeRunner(const NativeRunner&) = delete;
   NativeRunner& operator=(const NativeRunner&) = delete;
@@ -148,11 +162,13 @@ class NativeRunner {
       for (size_t j = 0; j < plan_.n_out; ++j) out_[j].data = ElementData(outs_[j], out_off[j]);
       error_[0] = '\0';  // a failing element's message is its own, never an earlier element's
       code_ = site_.kernel(&call_);
-      return code_ == 0;
+      return code_ == 0 && kwarg_error_[0] == '\0';  // (no reset: a kwarg error ends the walk)
     });
   }
 
-  std::string Message() { return KernelFailure(site_, error_, sizeof(error_), code_); }
+  std::string Message() {
+    return KernelFailure(site_, error_, sizeof(error_), code_, kwarg_error_, sizeof(kwarg_error_));
+  }
 
  private:
   const NativeSite& site_;
@@ -162,6 +178,7 @@ class NativeRunner {
   size_t n_in_;  // the kernel's inputs (a padded walk's validity operand is not one)
   SmallBuffer<jaxbind_array> in_, out_;
   char error_[2048];
+  char kwarg_error_[kKwargErrorSize];
   jaxbind_call call_;
   int code_ = 0;
 };

@@ -361,13 +361,20 @@ KW_INT, KW_FLOAT, KW_BOOL, KW_STRING, KW_INT_ARRAY, KW_FLOAT_ARRAY = (
     for name in ("int", "float", "bool", "string", "int_array", "float_array"))
 
 
-def kernel_kwargs(values: dict, label: str, batch_axes=None, n_in: int = 0, can_batch=False):
+def kernel_kwargs(values: dict, label: str, batch_axes=None, n_in: int = 0, can_batch=False, kernel=None):
     """The op call's kwargs as ``(name, type, value)`` entries for a native kernel.
 
-    With ``can_batch``, adds ``batch_levels`` and the flat ``batch_axes`` the
-    header describes (from a tuple per input of its batch axes, or None).
+    A ``kernel`` that declares its kwargs gets them as it declares them
+    (converted, defaults added: ``_native_kwargs.Declared.entries``, which
+    refuses what the declaration does not take). With ``can_batch``, adds
+    ``batch_levels`` and the flat ``batch_axes`` the header describes (from a
+    tuple per input of its batch axes, or None).
     """
-    entries = [native_kwarg_entry(key, value, label) for key, value in values.items()]
+    declared = getattr(kernel, "declared", None)
+    if declared is not None:
+        entries = declared.entries(values, label, kernel)
+    else:
+        entries = [native_kwarg_entry(key, value, label) for key, value in values.items()]
     if can_batch:
         levels = max((len(axes) for axes in batch_axes), default=0) if batch_axes else 0
         flat = []

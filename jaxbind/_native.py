@@ -47,9 +47,9 @@ class NativeKernel:
     constructor, which does not check the address. Any callback of an op
     (``f``, a transpose, ``f_jvp``, ``f_vjp``) may be a kernel.
 
-    Equal (and hashed) by address, name and mode, so ops built from the same
-    kernels share compiled code, and an error always names the kernel the op
-    was given. ``keepalive`` holds whatever owns the code (a ctypes function, a
+    Equal (and hashed) by address, name, mode and declared kwargs, so ops
+    built from the same kernels share compiled code, and an error always
+    names the kernel the op was given. ``keepalive`` holds whatever owns the code (a ctypes function, a
     numba cfunc, a library handle) for as long as the kernel lives.
     ``concurrent`` kernels run on XLA's thread pool (see :func:`jaxbind.native`).
 
@@ -70,6 +70,8 @@ class NativeKernel:
         An object to keep alive as long as the kernel (the owner of the code).
     concurrent : bool, default False
         Run the kernel on XLA's thread pool (see :func:`jaxbind.native`).
+    kwargs : dict, optional
+        The keyword arguments the kernel takes (see :func:`jaxbind.native`).
 
     Attributes
     ----------
@@ -78,32 +80,40 @@ class NativeKernel:
         one made by :func:`jaxbind.numba_kernel`).
     concurrent : bool
         Whether the kernel runs on XLA's thread pool.
+    declared : object or None
+        The kwargs it declares (``kwargs=``), or None when it declares none.
 
     Raises
     ------
     TypeError
-        If ``address`` is not a number ``int`` can convert (``None``, ...).
+        If ``address`` is not a number ``int`` can convert (``None``, ...),
+        or ``kwargs`` declares a kind a kernel cannot take.
     ValueError
-        If ``address`` is a string that is not an integer. An address of 0
-        is refused when the kernel is given to an op, not here.
+        If ``address`` is a string that is not an integer, or ``kwargs``
+        declares a name jaxbind passes itself. An address of 0 is refused
+        when the kernel is given to an op, not here.
     """
 
-    __slots__ = ("address", "__name__", "concurrent", "_keepalive")
+    __slots__ = ("address", "__name__", "concurrent", "declared", "_keepalive")
     _per_site = False  # True: the address comes from address_for only (compiled per call site)
+    _kind = "native kernel"  # (for messages)
+    _fields = False  # True: it reads its kwargs as fields, so a declared kwarg without a default must be passed
 
     def __init__(self, address: int, name: Optional[str] = None, keepalive=None,
-                 concurrent: bool = False):
+                 concurrent: bool = False, kwargs=None):
         self.address = int(address)
         self.__name__ = name or _symbol_name(self.address)
         self.concurrent = bool(concurrent)
+        self.declared = _declare(kwargs, "jaxbind.native", self._fields)
         self._keepalive = keepalive
 
     def _key(self):
-        return (self.address, self.__name__, self.concurrent)
+        return (self.address, self.__name__, self.concurrent, self.declared)
 
-    def _with(self, name: Optional[str], concurrent: bool, keepalive) -> "NativeKernel":
-        """The same code under another name or mode (a subclass keeps its kind)."""
-        return NativeKernel(self.address, name or self.__name__, (self._keepalive, keepalive), concurrent)
+    def _with(self, name: Optional[str], concurrent: bool, keepalive, kwargs=None) -> "NativeKernel":
+        """The same code under another name, mode or declaration (a subclass keeps its kind)."""
+        return NativeKernel(self.address, name or self.__name__, (self._keepalive, keepalive), concurrent,
+                            self.declared if kwargs is None else kwargs)
 
     def address_for(self, in_avals, out_avals, kwargs: dict) -> int:
         """The address to call for one call site: its inputs' and outputs' avals and its kwargs.
@@ -137,7 +147,16 @@ class NativeKernel:
 
     def __repr__(self):
         mode = ", concurrent" if self.concurrent else ""
-        return f"<jaxbind native kernel {self.__name__!r} at {self.address:#x}{mode}>"
+        declared = "" if self.declared is None else f", kwargs={self.declared!r}"
+        return f"<jaxbind native kernel {self.__name__!r} at {self.address:#x}{mode}{declared}>"
+
+
+def _declare(kwargs, where: str, fields: bool):
+    """A kernel's declared kwargs (``_native_kwargs.declare``: imported here, since it needs this module)."""
+    if kwargs is None:
+        return None
+    from ._native_kwargs import declare
+    return declare(kwargs, where, fields)
 
 
 class _DlInfo(ctypes.Structure):
@@ -173,7 +192,7 @@ def _symbol_name(address: int) -> Optional[str]:
 
 
 def native(kernel, *, name: Optional[str] = None, keepalive=None,
-           concurrent: bool = False) -> NativeKernel:
+           concurrent: bool = False, kwargs=None) -> NativeKernel:
     """Mark a native kernel (``int kernel(const jaxbind_call*)``) for jaxbind.
 
     A native kernel is accepted wherever an op takes a callback (``f``, a
@@ -202,12 +221,27 @@ def native(kernel, *, name: Optional[str] = None, keepalive=None,
         kernels that take tens of microseconds or more; it adds a few
         microseconds per call. XLA runs small programs (up to 8 operations)
         sequentially whatever the op does.
+    kwargs : dict, optional
+        The keyword arguments the kernel takes, ``{name: kind}`` with a kind
+        of ``int``, ``float``, ``bool``, ``str``, ``list[int]`` or
+        ``list[float]``, or ``{name: default}`` with a default value (whose
+        type is the kind: ``1.0`` declares a float, ``1`` an int). An op call
+        passing a name the kernel does not declare, or a value its kind does
+        not take, is then refused when the op is called, naming the op, the
+        kernel and the kwarg. A value the kind takes reaches the kernel as the
+        kind (an int declared ``float`` as a float, ``[1, 2]`` declared
+        ``list[float]`` as floats); an omitted kwarg gets its default, or,
+        without one, is absent (the kernel's own fallback applies). ``{}``
+        declares a kernel that takes no kwargs. Default: nothing declared,
+        every kwarg passed as it is (an accessor that cannot read one as it
+        asks fails the call). A kernel that declares kwargs is another kernel
+        than the same code without (another op).
 
     Returns
     -------
     NativeKernel
         The kernel, equal to every kernel of the same address (or function),
-        name and mode.
+        name, mode and declared kwargs.
 
     Raises
     ------
@@ -216,15 +250,18 @@ def native(kernel, *, name: Optional[str] = None, keepalive=None,
         function or ``numba.cfunc`` declared with another signature than the
         kernel's (``restype`` ``c_int`` and one pointer argument;
         ``int32(voidptr)``).
+        Also if ``kwargs`` is not a dict or declares a kind (or a default
+        value) a kernel cannot take.
     ValueError
         If the address is 0 (a null function pointer, also a ``PyCapsule``
-        holding NULL) or is not a valid 64-bit address.
+        holding NULL) or is not a valid 64-bit address, or ``kwargs``
+        declares ``batch_levels`` or ``batch_axes`` (jaxbind passes them).
 
     Examples
     --------
     >>> import ctypes, jaxbind                          # doctest: +SKIP
     >>> lib = ctypes.CDLL("./libscale.so")              # doctest: +SKIP
-    >>> kernel = jaxbind.native(lib.scale, concurrent=True)  # doctest: +SKIP
+    >>> kernel = jaxbind.native(lib.scale, concurrent=True, kwargs={"factor": float})  # doctest: +SKIP
     >>> op = jaxbind.get_linear_call(kernel, kernel, abstract, abstract)  # doctest: +SKIP
     """
     if isinstance(kernel, (bool, np.bool_)) or not isinstance(kernel, (numbers.Integral, np.integer)):
@@ -233,12 +270,12 @@ def native(kernel, *, name: Optional[str] = None, keepalive=None,
             raise TypeError(
                 f"jaxbind.native: expected an address or a native kernel, got {type(kernel).__name__}."
             )
-        return found._with(name, concurrent, keepalive)
+        return found._with(name, concurrent, keepalive, kwargs)
     if kernel == 0:
         raise ValueError("jaxbind.native: the address is 0 (a null function pointer).")
     if kernel < 0 or kernel >= 1 << 64:
         raise ValueError(f"jaxbind.native: {kernel} is not a valid address.")
-    return NativeKernel(kernel, name, keepalive, concurrent)
+    return NativeKernel(kernel, name, keepalive, concurrent, kwargs)
 
 
 def _is_numba_cfunc(obj) -> bool:

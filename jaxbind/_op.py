@@ -15,7 +15,8 @@ from . import _trampoline
 from ._bind import bind
 from ._definition import OpDef, OpKind, Role
 from ._jax_compat import ArrayImpl, runtime_error_of_fast_path
-from ._kwargs import Kwargs, kernel_kwargs
+from ._kwargs import Kwargs
+from ._native_kwargs import check_native_kwargs
 from ._sites import register_definition
 
 __all__ = ["Op"]
@@ -309,7 +310,7 @@ class Op(functools.partial):
             )
         kwargs = Kwargs(values, d.name)
         if d.has_native:
-            kernel_kwargs(values, f"op '{d.name}'")  # refuses what a kernel cannot take
+            check_native_kwargs(values, d)  # refuses what a kernel cannot take or does not declare
         return kwargs
 
     def __eq__(self, other):

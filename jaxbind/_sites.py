@@ -293,7 +293,7 @@ def _register(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded, ke
     layout = kind.site_layout(role)
     valid_levels = batch.levels if padded else 0
     if isinstance(callback, NativeKernel):
-        entries = kernel_kwargs(kwargs.values, role.label, batch_axes, len(avals_in), can_batch)
+        entries = kernel_kwargs(kwargs.values, role.label, batch_axes, len(avals_in), can_batch, callback)
         address = callback.address_for(avals_in, avals_out, kwargs.values)
         dump = b""
         serial = _trampoline.register_site(key, text, role.label, None, dump, *layout, address, entries,

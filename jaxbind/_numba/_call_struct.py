@@ -30,7 +30,8 @@ class Call(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_int64), ("abi_version", ctypes.c_int64), ("n_out", ctypes.c_int64),
                 ("out", ctypes.c_void_p), ("n_in", ctypes.c_int64), ("in_", ctypes.c_void_p),
                 ("n_kwargs", ctypes.c_int64), ("kwargs", ctypes.c_void_p), ("error", ctypes.c_void_p),
-                ("error_size", ctypes.c_int64)]
+                ("error_size", ctypes.c_int64), ("kwarg_error", ctypes.c_void_p),
+                ("kwarg_error_size", ctypes.c_int64)]
 
 
 def _words(struct) -> dict:

@@ -10,7 +10,7 @@ from typing import Optional
 import numpy as np
 
 from .. import _trampoline
-from .._kwargs import KW_BOOL, KW_FLOAT, KW_FLOAT_ARRAY, KW_INT, KW_INT_ARRAY, KW_STRING, native_kwarg_entry
+from .._kwargs import KW_BOOL, KW_FLOAT, KW_FLOAT_ARRAY, KW_INT, KW_INT_ARRAY, KW_STRING
 
 __all__ = ["INSTALL_HINT", "KWARG_KINDS", "NUMPY_DTYPES", "check_dtype", "is_dispatcher", "kwarg_signature",
            "numba_or_raise", "object_mode_refusal"]
@@ -66,11 +66,10 @@ def check_dtype(dtype, what: str, code: Optional[int] = None) -> np.dtype:
     return np.dtype(dtype)
 
 
-def kwarg_signature(kwargs: dict, where: str) -> tuple:
-    """``((name, type code), ...)`` of an op call's kwargs; refuses what a numba kernel cannot take."""
+def kwarg_signature(entries: list, where: str) -> tuple:
+    """``((name, type code), ...)`` of an op call's kwarg entries; refuses what a numba kernel cannot take."""
     signature = []
-    for key, value in kwargs.items():
-        _, code, _ = native_kwarg_entry(key, value, where)
+    for key, code, _ in entries:
         if code == KW_STRING:
             raise TypeError(
                 f"{where}: keyword argument '{key}' is a string, which a numba kernel cannot take; numba "

@@ -6,14 +6,15 @@ from __future__ import annotations
 import functools
 from typing import Optional
 
-from .._native import NativeKernel
+from .._kwargs import native_kwarg_entry
+from .._native import NativeKernel, _declare
 from ._checks import is_dispatcher, numba_or_raise, object_mode_refusal
 from ._program import Program
 
 __all__ = ["NumbaKernel", "numba_kernel"]
 
 
-def numba_kernel(fn=None, *, name: Optional[str] = None, concurrent: bool = False):
+def numba_kernel(fn=None, *, name: Optional[str] = None, concurrent: bool = False, kwargs=None):
     """A jaxbind native kernel written in Python with numba's nopython subset.
 
     ``fn(out, args, kwargs)`` writes every array of the tuple ``out`` from the
@@ -36,10 +37,12 @@ def numba_kernel(fn=None, *, name: Optional[str] = None, concurrent: bool = Fals
     runs on XLA's threads like a C kernel.
 
     Usable as ``numba_kernel(fn)``, ``@numba_kernel`` or
-    ``@numba_kernel(name=..., concurrent=...)``. ``name`` names the kernel in
-    messages and is the op's default name (else ``fn.__name__``);
-    ``concurrent`` as for :func:`jaxbind.native`. Kernels are equal by
-    function, name and mode.
+    ``@numba_kernel(name=..., concurrent=..., kwargs=...)``. ``name`` names
+    the kernel in messages and is the op's default name (else
+    ``fn.__name__``); ``concurrent`` as for :func:`jaxbind.native`, and
+    ``kwargs`` too, except that a declared kwarg without a default must be
+    passed (``fn`` reads it as a field, which every call must have). Kernels
+    are equal by function, name, mode and declared kwargs.
 
     Parameters
     ----------
@@ -52,6 +55,14 @@ def numba_kernel(fn=None, *, name: Optional[str] = None, concurrent: bool = Fals
         from it (default: ``fn.__name__``).
     concurrent : bool, default False
         Run the kernel on XLA's thread pool (see :func:`jaxbind.native`).
+    kwargs : dict, optional
+        The keyword arguments ``fn`` takes, ``{name: kind}`` (``int``,
+        ``float``, ``bool``, ``list[int]``, ``list[float]``) or ``{name:
+        default}``: ``fn`` gets each as its kind (an int declared ``float``
+        as a float64), an omitted one its default, and a call passing a name
+        not declared, a value the kind does not take or (with no default) no
+        value is refused when the op is called. Default: nothing declared;
+        the fields are typed by each call's values.
 
     Returns
     -------
@@ -65,12 +76,18 @@ def numba_kernel(fn=None, *, name: Optional[str] = None, concurrent: bool = Fals
     ImportError
         If numba is not installed (``pip install 'jaxbind-ffi[numba]'``).
     TypeError
-        If ``name`` is not a non-empty string, or ``fn`` is not callable, is a
+        If ``name`` is not a non-empty string, ``kwargs`` declares a kind a
+        numba kernel cannot take (a string), or ``fn`` is not callable, is a
         native kernel already, is a numba function compiled in object mode
         (``forceobj=True``: its code needs the GIL), or
         is a numba object other than an ``njit`` function (a ``numba.cfunc``
         with the kernel signature is a kernel already: pass it to the op
         directly).
+    ValueError
+        If ``kwargs`` declares a name that cannot be a field of ``fn``'s
+        kwargs (not an identifier, a Python keyword, or beginning with an
+        underscore) or that jaxbind passes itself (``batch_levels``,
+        ``batch_axes``).
 
     Notes
     -----
@@ -99,7 +116,7 @@ def numba_kernel(fn=None, *, name: Optional[str] = None, concurrent: bool = Fals
     """
     numba_or_raise()
     if fn is None:
-        return functools.partial(numba_kernel, name=name, concurrent=concurrent)
+        return functools.partial(numba_kernel, name=name, concurrent=concurrent, kwargs=kwargs)
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise TypeError(f"jaxbind.numba_kernel: name must be a non-empty string, got {name!r:.100}.")
     if not callable(fn) or isinstance(fn, NativeKernel):
@@ -115,36 +132,49 @@ def numba_kernel(fn=None, *, name: Optional[str] = None, concurrent: bool = Fals
         )
     if is_dispatcher(fn) and fn.targetoptions.get("forceobj"):
         raise TypeError(object_mode_refusal(fn.py_func))
-    return NumbaKernel(fn, name, concurrent)
+    return NumbaKernel(fn, name, concurrent, kwargs=kwargs)
 
 
 class NumbaKernel(NativeKernel):
     """A jaxbind kernel written in Python and compiled by numba for each signature it meets.
 
-    Equal (and hashed) by its function, name and mode. ``address`` is 0: the
-    code it runs is compiled per call site (:meth:`address_for`).
+    Equal (and hashed) by its function, name, mode and declared kwargs.
+    ``address`` is 0: the code it runs is compiled per call site
+    (:meth:`address_for`).
     """
 
     __slots__ = ("fn", "_program")
     _per_site = True
+    _kind = "numba kernel"
+    _fields = True
 
-    def __init__(self, fn, name: Optional[str] = None, concurrent: bool = False, keepalive=None):
+    def __init__(self, fn, name: Optional[str] = None, concurrent: bool = False, keepalive=None,
+                 kwargs=None):
         self.address = 0
         self.__name__ = name or getattr(fn, "__name__", None) or type(fn).__name__
         self.concurrent = bool(concurrent)
+        self.declared = _declare(kwargs, "jaxbind.numba_kernel", True)
         self._keepalive = keepalive
         self.fn = fn
         self._program = Program.of(fn)
 
     def _key(self):
-        return ("numba", self.fn, self.__name__, self.concurrent)
+        return ("numba", self.fn, self.__name__, self.concurrent, self.declared)
 
-    def _with(self, name, concurrent, keepalive):
-        return NumbaKernel(self.fn, name or self.__name__, concurrent, (self._keepalive, keepalive))
+    def _with(self, name, concurrent, keepalive, kwargs=None):
+        return NumbaKernel(self.fn, name or self.__name__, concurrent, (self._keepalive, keepalive),
+                           self.declared if kwargs is None else kwargs)
 
     def address_for(self, in_avals, out_avals, kwargs: dict) -> int:
-        return self._program.entry_for(self.__name__, in_avals, out_avals, kwargs).address
+        label = f"numba kernel '{self.__name__}'"
+        if self.declared is not None:  # (as the declaration makes them: the fields' types)
+            entries = self.declared.entries(kwargs, label, self)
+        else:
+            entries = [native_kwarg_entry(key, value, label) for key, value in kwargs.items()]
+        return self._program.entry_for(self.__name__, in_avals, out_avals, entries).address
 
     def __repr__(self):
         mode = ", concurrent" if self.concurrent else ""
-        return f"<jaxbind numba kernel {self.__name__!r} of {getattr(self.fn, '__qualname__', self.fn)!r}{mode}>"
+        declared = "" if self.declared is None else f", kwargs={self.declared!r}"
+        return (f"<jaxbind numba kernel {self.__name__!r} of {getattr(self.fn, '__qualname__', self.fn)!r}"
+                f"{mode}{declared}>")

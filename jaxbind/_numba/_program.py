@@ -40,13 +40,14 @@ class Program:
 
     # -- at lowering ---------------------------------------------------------
 
-    def entry_for(self, kernel_name: str, in_avals, out_avals, kwargs: dict) -> Entry:
-        """The entry for a call site's kwargs; refuses, naming them, dtypes and kwargs numba cannot take."""
+    def entry_for(self, kernel_name: str, in_avals, out_avals, entries: list) -> Entry:
+        """The entry for a call site's kwarg entries (``(name, type code, value)``); refuses, naming them,
+        dtypes and kwargs numba cannot take."""
         where = f"jaxbind numba kernel '{kernel_name}'"
         for side, avals in (("input", in_avals), ("output", out_avals)):
             for k, aval in enumerate(avals):
                 check_dtype(aval.dtype, f"{where}: {side} {k}")
-        signature = kwarg_signature(kwargs, where)
+        signature = kwarg_signature(entries, where)
         with self.lock:
             entry = self.entries.get(signature)
             if entry is None:

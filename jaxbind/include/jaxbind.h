@@ -23,10 +23,24 @@
  *   - Kernels may run concurrently on several threads: be reentrant.
  *   - Scalars (rank 0) have shape == NULL or a pointer to nothing; size 1.
  *
- * Stability: this is ABI version 1. Later versions only append fields to
- * jaxbind_call (call->struct_size tells how many the caller filled) and add
- * new dtype and kwarg codes; existing fields, codes and meanings never change,
- * so a kernel compiled against this header keeps working.
+ * Kwargs: read them with the jaxbind_kwarg_* accessors below. A kwarg the call
+ * passed with a type the accessor cannot read as asked (a string read as a
+ * float, a float read as an int, an array read as a number) is not replaced by
+ * the fallback: the accessor writes why into call->kwarg_error, and the call
+ * fails with that message (naming the kwarg, the type passed and the type
+ * asked for) whatever the kernel returns. The kernel needs no check of its
+ * own: it goes on with the fallback, and its outputs are thrown away. The
+ * conversions an accessor makes are listed at each one. To have a misspelt or
+ * mistyped kwarg refused when the op is called, before anything runs, declare
+ * the kwargs a kernel takes: jaxbind.native(kernel, kwargs={"r": float}).
+ *
+ * Stability: this is ABI version 2. Each version only appends fields to
+ * jaxbind_call (call->struct_size tells how many the caller filled:
+ * JAXBIND_CALL_HAS) and adds dtype and kwarg codes and helpers; existing
+ * fields, codes and meanings never change, so a kernel compiled against an
+ * older header keeps working (with that header's helpers: version 1's kwarg
+ * accessors return the fallback for a kwarg of another type). Check a version
+ * with >=, never ==. Version 2 appended kwarg_error and kwarg_error_size.
  *
  * Fortran: jaxbind.f90 in this folder is this header's twin (module jaxbind:
  * the structs as BIND(C) types, the codes and the helpers, under the same
@@ -38,6 +52,7 @@
 #ifndef JAXBIND_H_
 #define JAXBIND_H_
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdarg.h>
@@ -47,7 +62,7 @@
 extern "C" {
 #endif
 
-#define JAXBIND_ABI_VERSION 1
+#define JAXBIND_ABI_VERSION 2
 
 /* Element types (the numbers are XLA's element type codes). */
 enum jaxbind_dtype {
@@ -117,7 +132,15 @@ typedef struct jaxbind_call {
   const jaxbind_kwarg *kwargs; /* the op call's keyword arguments */
   char *error;                 /* room for an error message... */
   int64_t error_size;          /* ...of this many bytes, NUL included */
+  /* Version 2: read only when JAXBIND_CALL_HAS(call, kwarg_error_size). */
+  char *kwarg_error;           /* why a kwarg accessor could not read a kwarg as asked... */
+  int64_t kwarg_error_size;    /* ...in this many bytes; a message there fails the call */
 } jaxbind_call;
+
+/* Whether the caller filled `field` of the call (a field of a later version
+ * than the caller's is absent). */
+#define JAXBIND_CALL_HAS(call, field) \
+  ((call)->struct_size >= (int64_t)(offsetof(jaxbind_call, field) + sizeof(int64_t)))
 
 /*
  * With func_can_batch=True a kernel sees the whole batch and two more kwargs:
@@ -139,20 +162,138 @@ static inline const jaxbind_kwarg *jaxbind_find_kwarg(const jaxbind_call *call,
   return NULL;
 }
 
-/* Integer and float kwargs with a default when absent (ints convert to floats). */
+/* The accessors' failure path is a function of its own, kept out of their
+ * inlined code (static, not inline: a compiler warns of noinline on inline). */
+#if defined(__GNUC__) || defined(__clang__)
+#define JAXBIND_COLD_ __attribute__((cold, noinline, unused))
+#else
+#define JAXBIND_COLD_
+#endif
+
+/* How a kwarg's type reads in a message, with an article. */
+static inline const char *jaxbind_kwarg_type_name_(int64_t type) {
+  switch (type) {
+    case JAXBIND_KW_INT: return "an int";
+    case JAXBIND_KW_FLOAT: return "a float";
+    case JAXBIND_KW_BOOL: return "a bool";
+    case JAXBIND_KW_STRING: return "a string";
+    case JAXBIND_KW_INT_ARRAY: return "an int array";
+    case JAXBIND_KW_FLOAT_ARRAY: return "a float array";
+    default: return "a kwarg of an unknown type";
+  }
+}
+
+/* The accessors' failure: records why `kw` cannot be read as `asked` by
+ * `accessor`, which takes `takes`; the first failure of a call is the one
+ * kept. A caller older than version 2 has no kwarg_error: nothing is written
+ * (the fallback is returned, as version 1 did). */
+static JAXBIND_COLD_ void jaxbind_kwarg_refuse_(const jaxbind_call *call, const jaxbind_kwarg *kw,
+                                                const char *accessor, const char *asked,
+                                                const char *takes) {
+  if (!JAXBIND_CALL_HAS(call, kwarg_error_size) || call->kwarg_error == NULL ||
+      call->kwarg_error_size <= 0 || call->kwarg_error[0] != '\0') {
+    return;
+  }
+  char value[64] = "";
+  switch (kw->type) {
+    case JAXBIND_KW_INT: snprintf(value, sizeof value, " (%lld)", (long long)kw->int_value); break;
+    case JAXBIND_KW_FLOAT: snprintf(value, sizeof value, " (%g)", kw->float_value); break;
+    case JAXBIND_KW_BOOL: snprintf(value, sizeof value, " (%s)", kw->int_value ? "True" : "False"); break;
+    case JAXBIND_KW_STRING:
+      snprintf(value, sizeof value, " ('%.40s%s')", kw->string_value ? kw->string_value : "",
+               kw->size > 40 ? "..." : "");
+      break;
+    case JAXBIND_KW_INT_ARRAY: case JAXBIND_KW_FLOAT_ARRAY:
+      snprintf(value, sizeof value, " of %lld %s", (long long)kw->size, kw->size == 1 ? "entry" : "entries");
+      break;
+    default: snprintf(value, sizeof value, " (type code %lld)", (long long)kw->type); break;
+  }
+  snprintf(call->kwarg_error, (size_t)call->kwarg_error_size,
+           "keyword argument '%s' is %s%s, but the kernel reads it as %s (%s): pass %s",
+           kw->name, jaxbind_kwarg_type_name_(kw->type), value, asked, accessor, takes);
+}
+
+/*
+ * The accessors. Each returns the kwarg called `name` read as its type, or
+ * `fallback` when the call did not pass it. A kwarg passed with a type it does
+ * not read (see each) fails the call (see "Kwargs" above) and returns the
+ * fallback. The success path is the lookup and a compare of the type code.
+ */
+
+/* An int; a bool reads as 0 or 1. A float is refused, even a whole one. */
 static inline int64_t jaxbind_kwarg_int(const jaxbind_call *call, const char *name,
                                         int64_t fallback) {
   const jaxbind_kwarg *kw = jaxbind_find_kwarg(call, name);
-  if (kw && (kw->type == JAXBIND_KW_INT || kw->type == JAXBIND_KW_BOOL)) return kw->int_value;
+  if (kw == NULL) return fallback;
+  if (kw->type == JAXBIND_KW_INT || kw->type == JAXBIND_KW_BOOL) return kw->int_value;
+  jaxbind_kwarg_refuse_(call, kw, "jaxbind_kwarg_int", "an int", "an int (or a bool)");
   return fallback;
 }
 
+/* A float; an int converts (exactly up to 2**53). A bool is refused. */
 static inline double jaxbind_kwarg_float(const jaxbind_call *call, const char *name,
                                          double fallback) {
   const jaxbind_kwarg *kw = jaxbind_find_kwarg(call, name);
-  if (kw && kw->type == JAXBIND_KW_FLOAT) return kw->float_value;
-  if (kw && kw->type == JAXBIND_KW_INT) return (double)kw->int_value;
+  if (kw == NULL) return fallback;
+  if (kw->type == JAXBIND_KW_FLOAT) return kw->float_value;
+  if (kw->type == JAXBIND_KW_INT) return (double)kw->int_value;
+  jaxbind_kwarg_refuse_(call, kw, "jaxbind_kwarg_float", "a float", "a float (or an int)");
   return fallback;
+}
+
+/* A bool as 0 or 1; the ints 0 and 1 read as bools, other ints are refused. */
+static inline int jaxbind_kwarg_bool(const jaxbind_call *call, const char *name, int fallback) {
+  const jaxbind_kwarg *kw = jaxbind_find_kwarg(call, name);
+  if (kw == NULL) return fallback;
+  if (kw->type == JAXBIND_KW_BOOL || (kw->type == JAXBIND_KW_INT && (kw->int_value == 0 || kw->int_value == 1))) {
+    return kw->int_value != 0;
+  }
+  jaxbind_kwarg_refuse_(call, kw, "jaxbind_kwarg_bool", "a bool", "a bool (or the int 0 or 1)");
+  return fallback;
+}
+
+/* A string (NUL-terminated UTF-8, valid while the kernel runs). */
+static inline const char *jaxbind_kwarg_string(const jaxbind_call *call, const char *name,
+                                               const char *fallback) {
+  const jaxbind_kwarg *kw = jaxbind_find_kwarg(call, name);
+  if (kw == NULL) return fallback;
+  if (kw->type == JAXBIND_KW_STRING) return kw->string_value;
+  jaxbind_kwarg_refuse_(call, kw, "jaxbind_kwarg_string", "a string", "a string");
+  return fallback;
+}
+
+/* An int array: its entries, their number in *size (NULL and 0 when absent or
+ * refused). An empty float array reads as an empty int array. */
+static inline const int64_t *jaxbind_kwarg_int_array(const jaxbind_call *call, const char *name,
+                                                     int64_t *size) {
+  const jaxbind_kwarg *kw = jaxbind_find_kwarg(call, name);
+  *size = 0;
+  if (kw == NULL) return NULL;
+  if (kw->type == JAXBIND_KW_INT_ARRAY || (kw->type == JAXBIND_KW_FLOAT_ARRAY && kw->size == 0)) {
+    *size = kw->size;
+    return kw->int_array;
+  }
+  jaxbind_kwarg_refuse_(call, kw, "jaxbind_kwarg_int_array", "an int array",
+                        "a 1-d sequence or array of ints");
+  return NULL;
+}
+
+/* A float array: its entries, their number in *size (NULL and 0 when absent or
+ * refused). An int array is refused (there is no float copy of it to point
+ * to; [1, 2] is an int array: write [1.0, 2.0], or declare the kwarg
+ * list[float] and jaxbind converts it); an empty int array reads as empty. */
+static inline const double *jaxbind_kwarg_float_array(const jaxbind_call *call, const char *name,
+                                                      int64_t *size) {
+  const jaxbind_kwarg *kw = jaxbind_find_kwarg(call, name);
+  *size = 0;
+  if (kw == NULL) return NULL;
+  if (kw->type == JAXBIND_KW_FLOAT_ARRAY || (kw->type == JAXBIND_KW_INT_ARRAY && kw->size == 0)) {
+    *size = kw->size;
+    return kw->float_array;
+  }
+  jaxbind_kwarg_refuse_(call, kw, "jaxbind_kwarg_float_array", "a float array",
+                        "a 1-d sequence or array of floats ([1.0, 2.0], not [1, 2])");
+  return NULL;
 }
 
 /* Number of elements of an array. */

@@ -297,8 +297,9 @@ EXPORT int64_t jb_busy_thread_calls(int reset) {
 
 /* The parallel walk (tests): about `iterations` (kwarg, default 20000) of busy work, then
  * out[0] = in[0] (float64) and out[1] = an id of the thread that ran it (int64 scalar).
- * Fails, naming the value, when in[0][0] < kwarg "fail_below" (default: never). Every
- * call is counted (jb_busy_thread_calls). */
+ * Fails, naming the value, when in[0][0] < kwarg "fail_below" (default: never). An element
+ * whose in[0][0] is negative is multiplied by kwarg "negative_scale" (a float, default 1),
+ * which only such elements read. Every call is counted (jb_busy_thread_calls). */
 EXPORT int jb_busy_thread(const jaxbind_call *call) {
   __atomic_fetch_add(&busy_thread_calls, 1, __ATOMIC_SEQ_CST);
   if (check_counts(call, 1, 2)) return 1;
@@ -312,7 +313,8 @@ EXPORT int jb_busy_thread(const jaxbind_call *call) {
   const double *x = call->in[0].data; double *y = call->out[0].data;
   const int64_t n = jaxbind_size(&call->in[0]);
   if (n > 0 && x[0] < fail_below) return jaxbind_fail(call, "element %g is below %g", x[0], fail_below);
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i];
+  const double scale = n > 0 && x[0] < 0 ? jaxbind_kwarg_float(call, "negative_scale", 1.0) : 1.0;
+  for (int64_t i = 0; i < n; ++i) y[i] = scale * x[i];
   *(int64_t *)call->out[1].data = (int64_t)(uintptr_t)pthread_self();
   return 0;
 }
@@ -365,5 +367,62 @@ EXPORT int jb_sum_inputs(const jaxbind_call *call) {
       for (int64_t e = 0; e < n; ++e) y[e] += x[e];
     }
   }
+  return 0;
+}
+
+/* Reads kwarg "v" with the accessor chosen by kwarg "how" (read with jaxbind_kwarg_int:
+ * 0 int, 1 float, 2 bool, 3 string, 4 int array, 5 float array) and reports, into a
+ * float64 output of 3 entries, [what it read, its size, 1 if it got the fallback]: a
+ * number as it is, a string's first byte and its length, an array's sum and its length.
+ * The fallbacks are -7, -2.5, 2 (a bool accessor returns its fallback as it is) and
+ * "fallback"; arrays have none (NULL). It returns 0 whatever it read: a kwarg it could
+ * not read fails the call all the same. */
+EXPORT int jb_kwarg_read(const jaxbind_call *call) {
+  if (check_counts(call, 0, 1) || check_dtypes(call, "jb_kwarg_read", call->out, 1, JAXBIND_FLOAT64)) return 1;
+  if (jaxbind_size(&call->out[0]) != 3) return jaxbind_fail(call, "jb_kwarg_read: out[0] needs 3 entries");
+  double *o = call->out[0].data;
+  const int64_t how = jaxbind_kwarg_int(call, "how", 0);
+  int64_t size = 1;
+  switch (how) {
+    case 0: o[0] = (double)jaxbind_kwarg_int(call, "v", -7); o[2] = o[0] == -7; break;
+    case 1: o[0] = jaxbind_kwarg_float(call, "v", -2.5); o[2] = o[0] == -2.5; break;
+    case 2: o[0] = jaxbind_kwarg_bool(call, "v", 2); o[2] = o[0] == 2; break;
+    case 3: {
+      static const char fallback[] = "fallback";
+      const char *s = jaxbind_kwarg_string(call, "v", fallback);
+      o[0] = (double)(unsigned char)s[0];
+      size = (int64_t)strlen(s);
+      o[2] = s == fallback;
+      break;
+    }
+    case 4: {
+      const int64_t *a = jaxbind_kwarg_int_array(call, "v", &size);
+      o[0] = 0.0;
+      for (int64_t k = 0; k < size; ++k) o[0] += (double)a[k];
+      o[2] = a == NULL && size == 0 && jaxbind_find_kwarg(call, "v") == NULL;
+      break;
+    }
+    case 5: {
+      const double *a = jaxbind_kwarg_float_array(call, "v", &size);
+      o[0] = 0.0;
+      for (int64_t k = 0; k < size; ++k) o[0] += a[k];
+      o[2] = a == NULL && size == 0 && jaxbind_find_kwarg(call, "v") == NULL;
+      break;
+    }
+    default: return jaxbind_fail(call, "jb_kwarg_read: how=%lld", (long long)how);
+  }
+  o[1] = (double)size;
+  return 0;
+}
+
+/* y = r * x (float64), r = kwarg "r" (a float, default 0.25); after a kwarg it could not
+ * read, it fails with a message of its own, which the kwarg's message takes precedence over. */
+EXPORT int jb_radius(const jaxbind_call *call) {
+  if (check_counts(call, 1, 1) || check_dtypes(call, "jb_radius", call->in, 1, JAXBIND_FLOAT64) ||
+      check_dtypes(call, "jb_radius", call->out, 1, JAXBIND_FLOAT64)) return 1;
+  const double r = jaxbind_kwarg_float(call, "r", 0.25);
+  if (jaxbind_kwarg_int(call, "fail", 0)) return jaxbind_fail(call, "jb_radius: failed on purpose");
+  const double *x = call->in[0].data; double *y = call->out[0].data;
+  for (int64_t i = 0, n = jaxbind_size(&call->in[0]); i < n; ++i) y[i] = r * x[i];
   return 0;
 }

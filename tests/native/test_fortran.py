@@ -125,7 +125,7 @@ integer(c_int) function frow_sums_transposed(call) bind(C)
   frow_sums_transposed = 0
 end function frow_sums_transposed
 
-! What the helpers read from the kwargs, into a float64 output of 12 entries.
+! What the helpers read from the kwargs, into a float64 output of 12 entries (each read as its type).
 integer(c_int) function fkwargs_probe(call) bind(C)
   use, intrinsic :: iso_c_binding
   use jaxbind
@@ -143,7 +143,7 @@ integer(c_int) function fkwargs_probe(call) bind(C)
   probe(2) = jaxbind_kwarg_float(call, "x", -1.5_c_double)
   probe(3) = real(jaxbind_kwarg_int(call, "flag", 0), c_double)      ! a bool; default-kind fallback
   probe(4) = jaxbind_kwarg_float(call, "n", 0.0)                     ! an int read as a float
-  probe(5) = real(jaxbind_kwarg_int(call, "x", 7), c_double)         ! a float is not an int: fallback
+  probe(5) = merge(1.0_c_double, 0.0_c_double, jaxbind_kwarg_bool(call, "flag", .true.))
   probe(6) = real(jaxbind_kwarg_int(call, "absent", 11_c_int64_t), c_double)
   probe(7) = jaxbind_kwarg_float(call, "absent", 0.25_c_double)
   kw => jaxbind_find_kwarg(call, "label")
@@ -172,6 +172,46 @@ integer(c_int) function fkwargs_probe(call) bind(C)
   probe(12) = merge(1.0_c_double, 0.0_c_double, associated(jaxbind_find_kwarg(call, "lab")))
   fkwargs_probe = 0
 end function fkwargs_probe
+
+! Reads kwarg "v" with the accessor chosen by kwarg "how" (0 int, 1 float, 2 bool, 3 string, 4 int
+! array, 5 float array), like jb_kwarg_read of tests/kernels/test_kernels.c, and reports [what it
+! read, its size, 1 if "v" is absent] into a float64 output of 3 entries: a number as it is (a bool
+! as 0 or 1), a string's first byte and its length, an array's sum and its length. The fallbacks
+! are -7, -2.5, .false. and "fallback". It returns 0 whatever it read.
+integer(c_int) function fkwarg_read(call) bind(C)
+  use, intrinsic :: iso_c_binding
+  use jaxbind
+  implicit none
+  type(jaxbind_call), intent(in) :: call
+  type(jaxbind_array), pointer :: outs(:)
+  real(c_double), pointer :: o(:), floats(:)
+  integer(c_int64_t), pointer :: ints(:)
+  character(len=:), allocatable :: text
+  call c_f_pointer(call%out, outs, [call%n_out])
+  call c_f_pointer(outs(1)%data, o, [3])
+  o = [0.0_c_double, 1.0_c_double, merge(1.0_c_double, 0.0_c_double, .not. associated(jaxbind_find_kwarg(call, "v")))]
+  select case (jaxbind_kwarg_int(call, "how", 0))
+  case (0)
+    o(1) = real(jaxbind_kwarg_int(call, "v", -7), c_double)
+  case (1)
+    o(1) = jaxbind_kwarg_float(call, "v", -2.5_c_double)
+  case (2)
+    o(1) = merge(1.0_c_double, 0.0_c_double, jaxbind_kwarg_bool(call, "v", .false.))
+  case (3)
+    text = jaxbind_kwarg_string(call, "v", "fallback")
+    if (len(text) > 0) o(1) = real(ichar(text(1:1)), c_double)
+    o(2) = real(len(text), c_double)
+  case (4)
+    ints => jaxbind_kwarg_int_array(call, "v")
+    o(2) = 0
+    if (associated(ints)) o(1:2) = [real(sum(ints), c_double), real(size(ints), c_double)]
+  case (5)
+    floats => jaxbind_kwarg_float_array(call, "v")
+    o(2) = 0
+    if (associated(floats)) o(1:2) = [sum(floats), real(size(floats), c_double)]
+  end select
+  fkwarg_read = 0
+end function fkwarg_read
 
 ! Fails with a message naming the row (kwarg "row").
 integer(c_int) function ffail(call) bind(C)
@@ -213,7 +253,7 @@ subroutine fortran_layout(out) bind(C)
   use, intrinsic :: iso_c_binding
   use jaxbind
   implicit none
-  integer(c_int64_t), intent(out) :: out(25)
+  integer(c_int64_t), intent(out) :: out(27)
   type(jaxbind_array), target :: a
   type(jaxbind_kwarg), target :: k
   type(jaxbind_call), target :: c
@@ -223,9 +263,10 @@ subroutine fortran_layout(out) bind(C)
   out(8:15) = [at(c_loc(k%name)), at(c_loc(k%type)), at(c_loc(k%size)), at(c_loc(k%int_value)), &
                at(c_loc(k%float_value)), at(c_loc(k%string_value)), at(c_loc(k%int_array)), &
                at(c_loc(k%float_array))] - at(c_loc(k))
-  out(16:25) = [at(c_loc(c%struct_size)), at(c_loc(c%abi_version)), at(c_loc(c%n_out)), &
+  out(16:27) = [at(c_loc(c%struct_size)), at(c_loc(c%abi_version)), at(c_loc(c%n_out)), &
                 at(c_loc(c%out)), at(c_loc(c%n_in)), at(c_loc(c%in)), at(c_loc(c%n_kwargs)), &
-                at(c_loc(c%kwargs)), at(c_loc(c%error)), at(c_loc(c%error_size))] - at(c_loc(c))
+                at(c_loc(c%kwargs)), at(c_loc(c%error)), at(c_loc(c%error_size)), &
+                at(c_loc(c%kwarg_error)), at(c_loc(c%kwarg_error_size))] - at(c_loc(c))
 contains
   integer(c_int64_t) function at(pointer)
     type(c_ptr), intent(in) :: pointer
@@ -240,7 +281,7 @@ C_LAYOUT = r"""
 #include <jaxbind.h>
 
 void c_layout(int64_t *out) {
-  const int64_t layout[25] = {
+  const int64_t layout[27] = {
     sizeof(jaxbind_array), sizeof(jaxbind_kwarg), sizeof(jaxbind_call),
     offsetof(jaxbind_array, data), offsetof(jaxbind_array, shape), offsetof(jaxbind_array, rank),
     offsetof(jaxbind_array, dtype),
@@ -251,8 +292,9 @@ void c_layout(int64_t *out) {
     offsetof(jaxbind_call, struct_size), offsetof(jaxbind_call, abi_version),
     offsetof(jaxbind_call, n_out), offsetof(jaxbind_call, out), offsetof(jaxbind_call, n_in),
     offsetof(jaxbind_call, in), offsetof(jaxbind_call, n_kwargs), offsetof(jaxbind_call, kwargs),
-    offsetof(jaxbind_call, error), offsetof(jaxbind_call, error_size)};
-  for (int i = 0; i < 25; ++i) out[i] = layout[i];
+    offsetof(jaxbind_call, error), offsetof(jaxbind_call, error_size),
+    offsetof(jaxbind_call, kwarg_error), offsetof(jaxbind_call, kwarg_error_size)};
+  for (int i = 0; i < 27; ++i) out[i] = layout[i];
 }
 """
 
@@ -314,7 +356,8 @@ class CallMirror(ctypes.Structure):
                 ("n_out", ctypes.c_int64), ("out", ctypes.POINTER(ArrayMirror)),
                 ("n_in", ctypes.c_int64), ("in", ctypes.POINTER(ArrayMirror)),
                 ("n_kwargs", ctypes.c_int64), ("kwargs", ctypes.POINTER(KwargMirror)),
-                ("error", ctypes.c_void_p), ("error_size", ctypes.c_int64)]
+                ("error", ctypes.c_void_p), ("error_size", ctypes.c_int64),
+                ("kwarg_error", ctypes.c_void_p), ("kwarg_error_size", ctypes.c_int64)]
 
 
 def ctypes_layout():
@@ -325,7 +368,7 @@ def ctypes_layout():
 
 
 def layout_of(function):
-    out = (ctypes.c_int64 * 25)()
+    out = (ctypes.c_int64 * 27)()
     function.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     function(out)
     return list(out)
@@ -335,22 +378,22 @@ def test_derived_types_have_the_header_layout(flib):
     fortran, c = layout_of(flib.fortran_layout), layout_of(flib.c_layout)
     assert fortran == c
     assert c == ctypes_layout()
-    assert c[:3] == [32, 64, 80]  # array, kwarg (its double included), call
+    assert c[:3] == [32, 64, 96]  # array, kwarg (its double included), call (ABI version 2)
 
 
 def test_the_trampoline_fills_the_call_fortran_sees(flib):
     op = jaxbind.get_nonlinear_call(flib.fcall_info, None, lambda *a, **k: (((6,), np.int64),), None)
     info = jax.jit(lambda a, b: op(a, b, alpha=1, beta=2.0, gamma="c")[0])(np.ones(3), np.ones(2))
     struct_size, abi_version, n_in, n_out, n_kwargs, fortran_size = np.asarray(info)
-    assert struct_size == fortran_size == 80
-    assert (abi_version, n_in, n_out, n_kwargs) == (1, 2, 1, 3)
+    assert struct_size == fortran_size == 96
+    assert (abi_version, n_in, n_out, n_kwargs) == (2, 2, 1, 3)
 
 
 def call_directly(kernel, error_size):
     """Call a kernel through ctypes with a hand-made call: its return and error buffer."""
     buffer = ctypes.create_string_buffer(max(error_size, 1))
-    call = CallMirror(ctypes.sizeof(CallMirror), 1, 0, None, 0, None, 0, None,
-                      ctypes.cast(buffer, ctypes.c_void_p) if error_size >= 0 else None, max(error_size, 0))
+    call = CallMirror(ctypes.sizeof(CallMirror), 2, 0, None, 0, None, 0, None,
+                      ctypes.cast(buffer, ctypes.c_void_p) if error_size >= 0 else None, max(error_size, 0), None, 0)
     typed = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(CallMirror))(ctypes.cast(kernel, ctypes.c_void_p).value)
     return typed(ctypes.byref(call)), buffer.raw
 
@@ -429,9 +472,10 @@ def probe(flib, **kwargs):
 
 def test_kwargs_read_from_fortran(flib):
     got = probe(flib, n=5, x=0.75, flag=True, label="hello", weights=[0.5, 1.5, 2.0], counts=(2, 3, 4))
-    np.testing.assert_array_equal(got, [5, 0.75, 1, 5.0, 7, 11, 0.25, 5, ord("h"), 4.0, 24, 0])
-    np.testing.assert_array_equal(probe(flib), [-1, -1.5, 0, 0, 7, 11, 0.25, -99, -99, -99, -99, 0])
-    assert probe(flib, flag=False, x=3)[[1, 2, 4]].tolist() == [3.0, 0, 3]  # an int x reads as both
+    np.testing.assert_array_equal(got, [5, 0.75, 1, 5.0, 1, 11, 0.25, 5, ord("h"), 4.0, 24, 0])
+    np.testing.assert_array_equal(probe(flib), [-1, -1.5, 0, 0, 1, 11, 0.25, -99, -99, -99, -99, 0])
+    assert probe(flib, flag=False, x=3)[[1, 2, 4]].tolist() == [3.0, 0, 0]  # an int x reads as a float
+    assert probe(flib, flag=1)[[2, 4]].tolist() == [1, 1]  # the int 1 reads as an int and as a bool
 
 
 def test_kernel_error_reaches_python_naming_the_op(flib):
@@ -457,3 +501,50 @@ def test_long_message_is_cut_to_the_buffer(flib):
         jax.block_until_ready(op(np.ones(1), length=5000)[0])
     written = re.search(r"op 'ffail_long': native kernel failed: (x*)", str(info.value)).group(1)
     assert len(written) == 2047  # the trampoline's buffer has 2048 bytes, the NUL included
+
+
+# The accessors: what each reads, and the call failing, with the header's message, on what it cannot read.
+FORTRAN_READS = [
+    (0, 5, [5, 1, 0]), (0, True, [1, 1, 0]), (0, 2.5, "a float (2.5)"), (0, "5", "a string ('5')"),
+    (1, 3, [3, 1, 0]), (1, 0.75, [0.75, 1, 0]), (1, True, "a bool (True)"), (1, [0.5], "a float array of 1 entry"),
+    (1, "x" * 50, "a string ('" + "x" * 40 + "...')"),
+    (2, True, [1, 1, 0]), (2, 0, [0, 1, 0]), (2, 2, "an int (2)"),
+    (3, "héllo", [ord("h"), len("héllo".encode()), 0]), (3, 5, "an int (5)"),
+    (4, [1, 2, 39], [42, 3, 0]), (4, [], [0, 0, 0]), (4, [0.5, 1.0], "a float array of 2 entries"),
+    (5, [0.5, 1.25], [1.75, 2, 0]), (5, np.array([], np.int64), [0, 0, 0]), (5, [1, 2], "an int array of 2 entries"),
+]
+FORTRAN_ABSENT = {0: [-7, 1, 1], 1: [-2.5, 1, 1], 2: [0, 1, 1], 3: [ord("f"), 8, 1], 4: [0, 0, 1], 5: [0, 0, 1]}
+
+
+def three(*args, **kwargs):
+    return (((3,), np.float64),)
+
+
+@pytest.mark.parametrize("how, value, expected", FORTRAN_READS)
+def test_kwarg_accessors_read_and_refuse_as_the_headers_do(flib, kernels, how, value, expected):
+    fortran = jaxbind.get_nonlinear_call(flib.fkwarg_read, None, three, None, name="fortran_read")
+    if isinstance(expected, list):
+        np.testing.assert_array_equal(jax.jit(lambda v: fortran(v, how=how, v=value)[0])(np.zeros(1)), expected)
+        return
+    messages = []
+    for op in (fortran, jaxbind.get_nonlinear_call(kernels.jb_kwarg_read, None, three, None)):
+        with pytest.raises(RuntimeError) as info:
+            jax.block_until_ready(jax.jit(lambda v: op(v, how=how, v=value)[0])(np.zeros(1)))
+        messages.append(str(info.value).split("\n")[0].split(": native kernel failed: ")[1])
+    assert messages[0] == messages[1]  # the Fortran module's message is the C header's
+    assert messages[0].startswith(f"keyword argument 'v' is {expected}, but the kernel reads it as ")
+
+
+@pytest.mark.parametrize("how", sorted(FORTRAN_ABSENT))
+def test_an_absent_kwarg_reads_as_the_fallback_in_fortran(flib, how):
+    op = jaxbind.get_nonlinear_call(flib.fkwarg_read, None, three, None)
+    np.testing.assert_array_equal(op(np.zeros(1), how=how)[0], FORTRAN_ABSENT[how])
+
+
+def test_a_kwarg_error_in_fortran_fails_a_walk(flib):
+    op = jaxbind.get_linear_call(flib.fscale, flib.fscale, like_last, like_last)
+    with pytest.raises(RuntimeError, match=r"(?m)^INTERNAL: jaxbind op 'fscale': native kernel failed: keyword "
+                                           r"argument 'factor' is a string \('2'\), but the kernel reads it as a "
+                                           r"float \(jaxbind_kwarg_float\): pass a float \(or an int\)$"):
+        jax.block_until_ready(jax.jit(jax.vmap(lambda v: op(v, factor="2")[0]))(np.ones((3, 2))))
+    np.testing.assert_array_equal(jax.vmap(lambda v: op(v, factor=2)[0])(np.ones((3, 2))), 2 * np.ones((3, 2)))

@@ -177,7 +177,7 @@ int64_t jbt_layout(int64_t *out) {
   FIELD(jaxbind_call, struct_size); FIELD(jaxbind_call, abi_version); FIELD(jaxbind_call, n_out);
   FIELD(jaxbind_call, out); FIELD(jaxbind_call, n_in); FIELD(jaxbind_call, in);
   FIELD(jaxbind_call, n_kwargs); FIELD(jaxbind_call, kwargs); FIELD(jaxbind_call, error);
-  FIELD(jaxbind_call, error_size);
+  FIELD(jaxbind_call, error_size); FIELD(jaxbind_call, kwarg_error); FIELD(jaxbind_call, kwarg_error_size);
   FIELD(jaxbind_array, data); FIELD(jaxbind_array, shape); FIELD(jaxbind_array, rank); FIELD(jaxbind_array, dtype);
   FIELD(jaxbind_kwarg, name); FIELD(jaxbind_kwarg, type); FIELD(jaxbind_kwarg, size);
   FIELD(jaxbind_kwarg, int_value); FIELD(jaxbind_kwarg, float_value); FIELD(jaxbind_kwarg, string_value);
@@ -209,4 +209,4 @@ def test_the_struct_layout_numba_kernels_read_is_the_headers(tmp_path):
     mirrored += [ctypes.sizeof(s) for s in (_call_struct.Call, _call_struct.Array, _call_struct.Kwarg)]
     assert values == mirrored
     # the word indices the generated code uses
-    assert _call_struct.CALL["in_"] * 8 == values[5] and _call_struct.KWARG["float_value"] * 8 == values[18]
+    assert _call_struct.CALL["in_"] * 8 == values[5] and _call_struct.KWARG["float_value"] * 8 == values[20]

@@ -31,7 +31,7 @@ USER_KERNELS = r"""
 int64_t axpb_calls = 0; /* how many times the kernels ran, read from Python */
 
 static int float64_only(const jaxbind_call *call, const char *who) {
-  if (call->abi_version != JAXBIND_ABI_VERSION || call->struct_size < (int64_t)sizeof(jaxbind_call))
+  if (call->abi_version < JAXBIND_ABI_VERSION || call->struct_size < (int64_t)sizeof(jaxbind_call))
     return jaxbind_fail(call, "%s: ABI %lld, struct of %lld bytes", who,
                         (long long)call->abi_version, (long long)call->struct_size);
   for (int64_t i = 0; i < call->n_in; ++i) {
