@@ -183,3 +183,52 @@ def test_eager_calls_from_several_threads():
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         assert all(pool.map(run, range(16)))
+
+
+def adding(out, args, kwargs_dump):
+    out[0][...] = args[0] + args[1]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int32, np.complex128])
+def test_numpy_arrays_in_the_other_byte_order_give_their_values_on_every_path(dtype):
+    # JAX refuses such an array on a first call and reads its bytes as native ones on
+    # a warm one (jax.jit(f)(x) then computes with garbage); an op copies it into native
+    # order, the slow path and the fast path alike (which leaves such arrays to the slow one).
+    op = jaxbind.get_nonlinear_call(adding, None, like, None, name="eager_byte_order")
+    dtype = np.dtype(dtype)
+    x = np.arange(6).astype(dtype) * (1 - 2j if dtype.kind == "c" else 1)
+    swapped = x.astype(dtype.newbyteorder("S"))
+    assert not swapped.dtype.isnative and np.array_equal(swapped, x)
+    one = np.ones(6, dtype)
+    results = [op(swapped, one)[0]]  # cold
+    op(x, one)
+    op(x, one)  # the fast path armed for two NumPy arrays
+    results.append(op(swapped, one)[0])
+    results.append(op(one, swapped)[0])
+    results.append(op(swapped[::2], one[::2])[0])  # not contiguous either
+    results.append(op(swapped, one, scale=1)[0])  # kwargs: the keyed way
+    results.append(jax.jit(lambda v: op(swapped, v)[0])(jnp.asarray(one)))  # a constant of a traced call
+    for got in results:
+        assert got.dtype == dtype  # native: JAX's dtype of it
+        want = x + 1 if got.shape == x.shape else x[::2] + 1
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize("value", [np.array([1.0, 2.0], dtype=object), np.array(["a", "b"]),
+                                   np.zeros(2, dtype=[("a", "<f8")]), np.arange(2).astype("M8[s]"),
+                                   np.str_("a")], ids=["object", "str", "structured", "datetime", "np.str_"])
+def test_numpy_dtypes_jax_has_no_type_for_are_refused_alike_on_every_path(value):
+    op = jaxbind.get_nonlinear_call(adding, None, like, None, name="eager_no_jax_dtype")
+    one = np.ones(2)
+    op(one, one)
+    messages = set()
+    for _ in range(3):  # the fast path armed for two NumPy arrays: it leaves these to the slow one
+        with pytest.raises(TypeError, match=rf"jaxbind op 'eager_no_jax_dtype': argument 1 is a NumPy "
+                                            rf"{type(value).__name__} of dtype .*which JAX cannot pass"):
+            op(one, value)
+        with pytest.raises(TypeError, match=r"jaxbind op 'eager_no_jax_dtype': argument 1 .*JAX cannot"):
+            op(one, value, scale=1)
+        with pytest.raises(TypeError) as info:
+            op(one, value)
+        messages.add(str(info.value))
+    assert len(messages) == 1
