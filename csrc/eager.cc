@@ -34,7 +34,7 @@ OpCallState g_op_call;
 // JAX's warm dispatch reads its bytes as native ones (wrong values, silently)
 // where its first call refuses it; Op._call converts it to native order. Nor
 // one of a dtype JAX has no type for (object to timedelta, StringDType), which
-// Op._call refuses naming the op.
+// Op._call refuses naming the op (and passes float0, a void dtype of JAX's).
 bool JaxReady(PyArrayObject* array) {
   const PyArray_Descr* descr = PyArray_DESCR(array);
   if (!PyArray_ISNBO(descr->byteorder)) return false;

@@ -244,6 +244,7 @@ class Op(functools.partial):
                     "arguments instead."
                 )
             if isinstance(a, _NUMPY_TYPES) and (not a.dtype.isnative or a.dtype.kind in _NOT_JAX_KINDS):
+                # (float0, a void dtype JAX takes, comes here too: rare, eager)
                 odd_numpy = True
         if odd_numpy:
             args = self._numpy_for_jax(args)
@@ -292,7 +293,7 @@ class Op(functools.partial):
         takes them as NumPy would. Op.__call__'s fast path leaves both cases here.
         """
         for i, a in enumerate(args):
-            if isinstance(a, _NUMPY_TYPES) and a.dtype.kind in _NOT_JAX_KINDS:
+            if isinstance(a, _NUMPY_TYPES) and a.dtype.kind in _NOT_JAX_KINDS and a.dtype != _FLOAT0:
                 raise TypeError(
                     f"jaxbind op '{self.name}': argument {i} is a NumPy {type(a).__name__} of dtype "
                     f"{a.dtype}, which JAX cannot pass (object, string, structured and datetime dtypes "
@@ -355,6 +356,7 @@ _NUMPY_TYPES = (np.ndarray, np.generic)
 # (structured), datetime, timedelta, StringDType (the fast path leaves them to
 # Op._call by their type numbers).
 _NOT_JAX_KINDS = frozenset("OSUVMmT")
+_FLOAT0 = jax.dtypes.float0  # (a void dtype, JAX's own)
 # How the errors of jaxbind's handler begin (an XLA status code, then jaxbind's text).
 _RUNTIME_ERROR_PREFIXES = ("INTERNAL: jaxbind", "INVALID_ARGUMENT: jaxbind")
 _NO_KWARGS = Kwargs({}, "")

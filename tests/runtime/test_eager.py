@@ -232,3 +232,15 @@ def test_numpy_dtypes_jax_has_no_type_for_are_refused_alike_on_every_path(value)
             op(one, value)
         messages.add(str(info.value))
     assert len(messages) == 1
+
+
+def test_float0_numpy_arrays_pass_on_every_path():
+    # float0 (the tangent dtype of integers) is a NumPy void dtype that JAX takes: it is not
+    # refused with the structured ones (the fast path leaves it to the slow one, which passes it).
+    def first(out, args, kwargs_dump):
+        out[0][...] = args[0]
+
+    op = jaxbind.get_nonlinear_call(first, None, lambda x, z: ((x.shape, x.dtype),), None, name="eager_float0")
+    x, z = np.arange(2.0), np.zeros(2, jax.dtypes.float0)
+    for _ in range(3):
+        np.testing.assert_array_equal(op(x, z)[0], x)
