@@ -37,7 +37,7 @@ bool CallOnce(const PythonSite& site, const XLA_FFI_Args* args, const XLA_FFI_Re
     PyObject* argv[3] = {out_tuple, in_tuple, kwargs_dump};
     PyObject* result = PyObject_Vectorcall(callable, argv, 3, nullptr);
     if (result == nullptr) {
-      *error = MessageFromPython(site);  // frees the frames of the traceback
+      *error = MessageFromPython(site, out_tuple);  // frees the frames of the traceback
       ok = false;
     } else if (result != Py_None) {
       PyObject* rtype = PyObject_Type(result);
