@@ -13,8 +13,9 @@ import numpy as np
 from ._definition import _name_of
 from ._native import as_kernel
 
-__all__ = ["CALLBACK_PARAMETERS", "VMAP_METHODS", "as_callback", "arguments_hint", "callback_form_hint", "check_callable", "check_flags", "check_inplace", "check_n_residuals",
-           "check_thread_safe", "drop_fixed_places", "named_callback"]
+__all__ = ["CALLBACK_PARAMETERS", "VMAP_METHODS", "arguments_hint", "as_callback", "callback_form_hint",
+           "check_callable", "check_flags", "check_inplace", "check_n_residuals", "check_thread_safe",
+           "drop_fixed_places", "named_callback"]
 
 # How a vmapped op hands its batch to the callbacks; the values and meaning of
 # jax.pure_callback's vmap_method (see _batching).

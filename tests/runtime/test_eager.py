@@ -132,10 +132,14 @@ def test_an_op_whose_callback_holds_it_is_freed_after_eager_calls():
     holder["op"] = op
     for _ in range(3):
         np.testing.assert_allclose(op(jnp.ones(4))[0], 2 * np.ones(4))
+    # the jitted call the fast path runs: a reference leaked anywhere (the compiled core, the
+    # eager cache) keeps it, and JAX's caches with it, though the op and its callback are gone
+    ref_call = weakref.ref(op._plain[1])
     ref_op = weakref.ref(op)
     del op, apply, big, holder
     collect()
     assert ref_op() is None and ref_big() is None
+    assert ref_call() is None
 
 
 def weighted_sum(out, args, kwargs_dump):
@@ -244,3 +248,18 @@ def test_float0_numpy_arrays_pass_on_every_path():
     x, z = np.arange(2.0), np.zeros(2, jax.dtypes.float0)
     for _ in range(3):
         np.testing.assert_array_equal(op(x, z)[0], x)
+
+
+def test_a_call_without_kwargs_never_runs_the_program_of_one_with_kwargs():
+    # The fast path keeps one jitted call per arity, for calls without kwargs only: a call with
+    # kwargs between them must neither fill it nor be served by it, in either order.
+    def scaling(out, args, kwargs_dump):
+        out[0][...] = jaxbind.load_kwargs(kwargs_dump).get("factor", 2.0) * args[0]
+
+    op = jaxbind.get_nonlinear_call(scaling, None, like, None, name="eager_kwargs_between")
+    x = np.arange(3.0)
+    for _ in range(3):  # kwargs first, then none, then kwargs again, each on a warm path
+        np.testing.assert_array_equal(op(x, factor=5.0)[0], 5 * x)
+        np.testing.assert_array_equal(op(x)[0], 2 * x)
+        np.testing.assert_array_equal(op(jnp.asarray(x))[0], 2 * x)
+        np.testing.assert_array_equal(op(jnp.asarray(x), factor=7.0)[0], 7 * x)
