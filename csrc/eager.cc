@@ -1,8 +1,9 @@
 // Op.__call__ in C: an eager call that the op has made before goes straight to its jitted call.
 //
-// An op called in a script's loop (no kwargs, JAX or NumPy arrays, an arity
-// it was called with before) only forwards to the jitted call it keeps for
-// that arity (Op._plain, filled by the Python path on the first such call).
+// An op called in a script's loop (no kwargs, JAX or NumPy arrays in native
+// byte order, an arity it was called with before) only forwards to the jitted
+// call it keeps for that arity (Op._plain, filled by the Python path on the
+// first such call).
 // Written in Python, that forwarding cost ~0.4 µs of a ~4.5 µs eager call; as
 // a method descriptor (vectorcall, no frame, no tuple of arguments) it costs
 // a few dozen nanoseconds. Everything else, first calls, kwargs, tracers,
@@ -17,6 +18,8 @@
 
 namespace {
 
+constexpr int kStringDTypeNum = 2056;  // NPY_VSTRING (NumPy 2's StringDType; not in older headers)
+
 struct OpCallState {
   Py_ssize_t plain_offset = 0;  // where an op keeps its dict: arity -> jitted call
   PyObject* slow = nullptr;     // Op._call(self, *args, **kwargs)
@@ -27,10 +30,25 @@ struct OpCallState {
 };
 OpCallState g_op_call;
 
+// Whether JAX takes a NumPy array as it is. Not one in the other byte order:
+// JAX's warm dispatch reads its bytes as native ones (wrong values, silently)
+// where its first call refuses it; Op._call converts it to native order. Nor
+// one of a dtype JAX has no type for (object to timedelta, StringDType), which
+// Op._call refuses naming the op (and passes float0, a void dtype of JAX's).
+bool JaxReady(PyArrayObject* array) {
+  const PyArray_Descr* descr = PyArray_DESCR(array);
+  if (!PyArray_ISNBO(descr->byteorder)) return false;
+  const int num = descr->type_num;
+  return (num < NPY_OBJECT || num > NPY_TIMEDELTA) && num != kStringDTypeNum;
+}
+
 bool Concrete(PyObject* const* args, Py_ssize_t n) {
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyTypeObject* type = Py_TYPE(args[i]);
-    if (type != g_op_call.concrete[0] && type != g_op_call.concrete[1]) return false;
+    if (type == g_op_call.concrete[0]) continue;
+    if (type != g_op_call.concrete[1] || !JaxReady(reinterpret_cast<PyArrayObject*>(args[i]))) {
+      return false;
+    }
   }
   return true;
 }
@@ -106,8 +124,8 @@ nb::object MakeOpCall(nb::handle cls, const char* plain_slot, nb::handle slow, n
                       nb::handle array_type, nb::handle ndarray_type) {
   if (g_op_call.slow != nullptr) throw nb::value_error("the op call is made once per process");
   if (!PyType_Check(cls.ptr()) || !PyType_Check(array_type.ptr()) ||
-      !PyType_Check(ndarray_type.ptr())) {
-    throw nb::type_error("make_op_call: cls and the argument types must be types");
+      ndarray_type.ptr() != reinterpret_cast<PyObject*>(&PyArray_Type)) {
+    throw nb::type_error("make_op_call: cls and array_type must be types, ndarray_type np.ndarray");
   }
   nb::object slot = nb::getattr(cls, plain_slot, nb::none());  // (the class's member descriptor)
   PyObject* member = slot.ptr();
@@ -143,7 +161,7 @@ void AddOpCall(nb::module_& m) {
   m.def("make_op_call", &MakeOpCall, nb::arg("cls"), nb::arg("plain_slot"), nb::arg("slow"),
         nb::arg("failed"), nb::arg("array_type"), nb::arg("ndarray_type"),
         "The method descriptor for cls.__call__: a call without kwargs whose arguments are all "
-        "exactly array_type or ndarray_type, and whose arity has a jitted call in the dict in "
+        "exactly array_type or ndarray_type (in native byte order), and whose arity has a jitted call in the dict in "
         "slot plain_slot, calls it (a ValueError it raises goes to failed(err), which raises); "
         "every other call runs slow(self, *args, **kwargs).");
 }

@@ -65,8 +65,9 @@ std::string ValidUtf8(const std::string& text) {
 }
 
 // Consumes the pending Python exception (dropping its traceback, and so the
-// callback's frames) and returns the message of the error it becomes.
-std::string MessageFromPython(const Site& site) {
+// callback's frames) and returns the message of the error it becomes. `outs`:
+// the callback's output views, whose shapes the message may name (or nullptr).
+std::string MessageFromPython(const Site& site, PyObject* outs) {
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
   PyErr_NormalizeException(&type, &value, &tb);
@@ -74,7 +75,8 @@ std::string MessageFromPython(const Site& site) {
   std::string message;
   if (g_format_error != nullptr && value != nullptr) {
     PyObject* name = PyUnicode_FromStringAndSize(site.name.data(), site.name.size());
-    PyObject* text = name ? PyObject_CallFunctionObjArgs(g_format_error, name, value, nullptr)
+    PyObject* text = name ? PyObject_CallFunctionObjArgs(g_format_error, name, value,
+                                                         outs != nullptr ? outs : Py_None, nullptr)
                           : nullptr;
     message = PyUnicodeToString(text);
     Py_XDECREF(text);

@@ -235,7 +235,7 @@ int64_t Shutdown(double timeout);
 
 std::string PyUnicodeToString(PyObject* s);
 std::string ValidUtf8(const std::string& text);
-std::string MessageFromPython(const Site& site);
+std::string MessageFromPython(const Site& site, PyObject* outs = nullptr);
 ffi::Error ErrorText(const Site* site, const std::string& what);
 void SetErrorFormatter(nb::handle fn);
 

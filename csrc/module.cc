@@ -102,7 +102,8 @@ NB_MODULE(_trampoline, m) {
         "Set the function (list of kept views) -> None that cuts off every other array reaching "
         "their memory; it is called before the views themselves are retired.");
   m.def("set_error_formatter", &SetErrorFormatter,
-        "Set the function (op_name, exception) -> str used for callback errors.");
+        "Set the function (op_name, exception, outs) -> str used for callback errors (outs: the "
+        "callback's output views, or None).");
   m.def("set_check_unwritten", [](bool on) { g_check_unwritten.store(on); }, nb::arg("on"),
         "Fill outputs with a sentinel before every callback and report elements left unwritten.");
 

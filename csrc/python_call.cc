@@ -27,7 +27,7 @@ bool CallOnce(const PythonSite& site, const PythonRefs& refs, const XLA_FFI_Args
     PyObject* argv[3] = {out_tuple, in_tuple, refs.kwargs_dump()};
     PyObject* result = PyObject_Vectorcall(refs.callable(), argv, 3, nullptr);
     if (result == nullptr) {
-      *error = MessageFromPython(site);  // frees the frames of the traceback
+      *error = MessageFromPython(site, out_tuple);  // frees the frames of the traceback
       ok = false;
     } else if (result != Py_None) {
       PyObject* rtype = PyObject_Type(result);

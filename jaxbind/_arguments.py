@@ -3,26 +3,32 @@ naming the op; what passes is returned in the form the definition holds."""
 
 from __future__ import annotations
 
+import inspect
 import numbers
-from typing import Optional
+import re
+from typing import Optional, Sequence
 
 import numpy as np
 
 from ._definition import _name_of
 from ._native import as_kernel
 
-__all__ = ["VMAP_METHODS", "as_callback", "check_callable", "check_flags", "check_inplace", "check_n_residuals",
-           "check_thread_safe", "drop_fixed_places", "named_callback"]
+__all__ = ["CALLBACK_PARAMETERS", "VMAP_METHODS", "arguments_hint", "as_callback", "callback_form_hint",
+           "check_callable", "check_flags", "check_inplace", "check_n_residuals", "check_thread_safe",
+           "drop_fixed_places", "named_callback"]
 
 # How a vmapped op hands its batch to the callbacks; the values and meaning of
 # jax.pure_callback's vmap_method (see _batching).
 VMAP_METHODS = ("sequential", "expand_dims", "broadcast_all")
+# What jaxbind calls a Python callback with, positionally.
+CALLBACK_PARAMETERS = ("out", "args", "kwargs_dump")
 
 
-def as_callback(value, what: str, name: Optional[str]):
+def as_callback(value, what: str, name: Optional[str], parameters: Sequence[str] = CALLBACK_PARAMETERS):
     """A callback as given: a Python callable, or a native kernel in any of its forms.
 
-    ``name`` is the op's, or None while the op is being named after ``f``.
+    ``name`` is the op's, or None while the op is being named after ``f``;
+    ``parameters`` what jaxbind will pass a Python callable, positionally.
     """
     kernel = as_kernel(value, what, name)
     if kernel is not None:
@@ -32,7 +38,49 @@ def as_callback(value, what: str, name: Optional[str]):
             f"jaxbind op '{name or _name_of(value)}': {what} must be a Python callable or a native kernel (a ctypes "
             f"function, a numba cfunc, a PyCapsule or jaxbind.native(address)), got {type(value).__name__}."
         )
+    why = _why_not_callable_with(value, len(parameters))
+    if why is not None:
+        form = f"f({', '.join(parameters)})"
+        raise TypeError(
+            f"jaxbind op '{name or _name_of(value)}': {what} ('{_name_of(value)}') cannot be called as a "
+            f"callback, {form}: {why}. {callback_form_hint(parameters)}"
+        )
     return value
+
+
+def callback_form_hint(parameters: Sequence[str] = CALLBACK_PARAMETERS) -> str:
+    """What a callback is, and where a function ``f(x) -> y`` goes instead (for messages)."""
+    return (
+        f"jaxbind calls a callback as f({', '.join(parameters)}), with {len(parameters)} positional "
+        "arguments: it writes its results into the arrays of `out` (one per output the abstract "
+        "declares, e.g. out[0][...] = y), reads its inputs from the tuple `args` and returns None. "
+        "A function f(x) -> y (np.sin, say) is what jaxbind.pure_callback(f, result_shape_dtypes, "
+        "*args) takes."
+    )
+
+
+def _why_not_callable_with(value, n: int) -> Optional[str]:
+    """Why ``value`` cannot be called with ``n`` positional arguments, or None if it can or might.
+
+    Only a provable refusal counts: a callable whose signature cannot be read is
+    accepted (the call then fails with a hint, _runtime.format_callback_error).
+    """
+    if isinstance(value, np.ufunc):  # no signature, but its inputs and outputs are known
+        if value.nin <= n <= value.nin + value.nout:
+            return None
+        most = value.nin + value.nout
+        takes = f"{value.nin}" if most == value.nin else f"from {value.nin} to {most}"
+        return (f"it is a NumPy ufunc of {value.nin} input(s) and {value.nout} output(s), which takes "
+                f"{takes} positional arguments, not {n}")
+    try:
+        signature = inspect.signature(value)
+    except (TypeError, ValueError):  # builtins without a text signature, some extension types
+        return None
+    try:
+        signature.bind(*range(n))
+    except TypeError as err:
+        return f"its signature is {signature}, and a call with {n} positional arguments fails ({err})"
+    return None
 
 
 def drop_fixed_places(name: str, f_T: tuple, abstract_T: tuple, n_fixed: int):
@@ -133,3 +181,17 @@ def check_flags(name: str, first_n_args_fixed, func_can_batch, vmap_method):
             "get every batch level as a leading axis and need no batch_axes."
         )
     return int(first_n_args_fixed), bool(func_can_batch), vmap_method
+
+
+_ARGUMENTS_ERROR = re.compile(r"\bargument|\bpositional|\bparameter")
+
+
+def arguments_hint(exc: BaseException) -> Optional[str]:
+    """What a callback is, for a callback that could not take the call's arguments (its signature
+    was not readable when the op was made), or None for another error.
+
+    Such a TypeError comes from the call itself: it has no frame of the callback's own.
+    """
+    if not isinstance(exc, TypeError) or exc.__traceback__ is not None or not _ARGUMENTS_ERROR.search(str(exc)):
+        return None
+    return f"(The callback could not be called with jaxbind's arguments. {callback_form_hint()})"

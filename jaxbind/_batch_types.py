@@ -37,6 +37,16 @@ def _whole(role: Role) -> bool:
     return role.op.vmap_method != "sequential"
 
 
+def _all_levels(role: Role) -> bool:
+    """Whether every input carries every batch level in front, mapped or not.
+
+    "expand_dims" and "broadcast_all" give an unmapped input a level (of size 1,
+    or broadcast); "sequential" and "legacy_vectorized" leave it as it is, so an
+    input's leading dimensions are its mapped levels only.
+    """
+    return role.op.vmap_method in ("expand_dims", "broadcast_all")
+
+
 def _linear_shapes(args, start: int, stop: int):
     return [args[i].aval.shape for i in range(start, stop)]
 
@@ -85,9 +95,11 @@ class WalkBatch:
     input ``i`` is mapped at level ``l``. Every output has all ``L`` levels in
     front. With ``"sequential"`` an input's mapped levels are its leading
     dimensions, in level order, and the handler calls the callback once per
-    element. Otherwise every input has all ``L`` levels in front, of size 1
-    where it is not mapped (``"expand_dims"``; ``"broadcast_all"`` maps every
-    input at every level), and the callback is called once on the whole arrays.
+    element. Otherwise the callback is called once on the whole arrays: with
+    ``"expand_dims"`` every input has all ``L`` levels in front, of size 1 where
+    it is not mapped (``"broadcast_all"`` maps every input at every level); with
+    ``"legacy_vectorized"`` (``jaxbind.pure_callback``'s) an input has its mapped
+    levels in front, as with ``"sequential"``, and the callback broadcasts.
     """
 
     masks: Tuple[Tuple[bool, ...], ...]
@@ -105,7 +117,7 @@ class WalkBatch:
 
     def batch_dims(self, role: Role, mask) -> int:
         """How many leading dimensions of an input with batch mask ``mask`` are batch levels."""
-        return len(mask) if _whole(role) else sum(mask)
+        return len(mask) if _all_levels(role) else sum(mask)
 
     def level_sizes(self, shapes, whole: bool = False):
         """Sizes of the batch levels, read off the inputs mapped at each level.
@@ -145,7 +157,7 @@ class WalkBatch:
 
     def output_shapes(self, role: Role, avals, kwargs):
         core = [jax.ShapeDtypeStruct(a.shape[self.batch_dims(role, m):], a.dtype) for a, m in zip(avals, self.masks)]
-        prefix = self.level_sizes([a.shape for a in avals], _whole(role))
+        prefix = self.level_sizes([a.shape for a in avals], _all_levels(role))
         outs = call_abstract(role, core, kwargs)
         for k, (shape, dtype, _) in enumerate(outs):  # the whole batch of it must fit too
             check_size(role, k, prefix + shape, dtype)
@@ -172,7 +184,7 @@ class WalkBatch:
             # cotangent is the sum over them (kept as size-1 axes by expand_dims).
             return [
                 r if all(mask) else jnp.sum(r, axis=tuple(l for l, m in enumerate(mask) if not m),
-                                            keepdims=_whole(role))
+                                            keepdims=_all_levels(role))
                 for r, mask in zip(results, masks)
             ]
         return TransposePlan(batch, declared, primal, finish)

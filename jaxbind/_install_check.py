@@ -25,13 +25,29 @@ def _other():
         return None
 
 
+def _field(other, name: str) -> str:
+    """A field of the other distribution's metadata, or "" where it has none.
+
+    Whatever the metadata lacks must not stop the import: a missing field is None
+    on Python 3.11, a DeprecationWarning on 3.12 and 3.13 and a KeyError with
+    importlib_metadata 8, and a dist-info folder an uninstall left may have no
+    metadata file at all (None, or an empty message).
+    """
+    try:
+        metadata = other.metadata
+        value = metadata.get(name) if metadata is not None else None
+    except Exception:  # noqa: BLE001 (unreadable metadata: a field we cannot know)
+        return ""
+    return str(value) if value is not None else ""
+
+
 def shared_folder_message():
     """The warning's text if another distribution shares the package folder, else None."""
     other = _other()
     if other is None:
         return None
-    version = other.version
-    if (other.metadata["Summary"] or "").startswith(OWN_SUMMARY):
+    version = _field(other, "Version") or "of an unknown version"
+    if _field(other, "Summary").startswith(OWN_SUMMARY):
         who = f"this project's own earlier release under the name `{OTHER}` ({version})"
     else:
         who = f"JAXbind {version} (the distribution `{OTHER}`)"

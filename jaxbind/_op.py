@@ -236,6 +236,7 @@ class Op(functools.partial):
         # (Op.__call__, in the compiled core, runs this unless the call takes
         # the fast path: see _plain below.)
         role = self._entries.get(len(args)) or self._entry(len(args))
+        odd_numpy = False
         for i, a in enumerate(args):
             if not isinstance(a, _ARRAY_TYPES):
                 raise TypeError(
@@ -243,6 +244,11 @@ class Op(functools.partial):
                     "must be arrays (jax or NumPy) or scalars. Pass static values as keyword "
                     "arguments instead."
                 )
+            if isinstance(a, _NUMPY_TYPES) and (not a.dtype.isnative or a.dtype.kind in _NOT_JAX_KINDS):
+                # (float0, a void dtype JAX takes, comes here too: rare, eager)
+                odd_numpy = True
+        if odd_numpy:
+            args = self._numpy_for_jax(args)
         kwargs = self._kwargs(kwargs) if kwargs else _NO_KWARGS
         if any(isinstance(a, jax.core.Tracer) for a in args):
             return _bind_arrays(*args, role=role, kwargs=kwargs)
@@ -278,6 +284,24 @@ class Op(functools.partial):
             return call(*args)
         except ValueError as err:
             raise _callback_error(err)
+
+    def _numpy_for_jax(self, args):
+        """``args`` with NumPy arrays in the other byte order copied into native order; a dtype
+        JAX cannot take refused, naming the op.
+
+        JAX refuses a swapped array on a first call but reads its bytes as native
+        ones on a warm one (wrong values); its values are unambiguous, so an op
+        takes them as NumPy would. Op.__call__'s fast path leaves both cases here.
+        """
+        for i, a in enumerate(args):
+            if isinstance(a, _NUMPY_TYPES) and a.dtype.kind in _NOT_JAX_KINDS and a.dtype != _FLOAT0:
+                raise TypeError(
+                    f"jaxbind op '{self.name}': argument {i} is a NumPy {type(a).__name__} of dtype "
+                    f"{a.dtype}, which JAX cannot pass (object, string, structured and datetime dtypes "
+                    "are not array types of JAX's). Convert it to a numeric dtype, or pass it as a "
+                    "keyword argument if it is a static value.")
+        return tuple(a.astype(a.dtype.newbyteorder("=")) if isinstance(a, np.ndarray) and not a.dtype.isnative
+                     else a for a in args)
 
     def _entry(self, n: int):
         """Check the number of arguments once; the role the op plays when called with n."""
@@ -328,6 +352,12 @@ _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, numbers.Number)
 # (an isinstance check of jax.Array costs more than the rest of the path; the
 # compiled core checks the same two types).
 _CONCRETE_TYPES = (ArrayImpl, np.ndarray)
+_NUMPY_TYPES = (np.ndarray, np.generic)
+# NumPy dtype kinds JAX has no array type for: object, bytes, str, void
+# (structured), datetime, timedelta, StringDType (the fast path leaves them to
+# Op._call by their type numbers).
+_NOT_JAX_KINDS = frozenset("OSUVMmT")
+_FLOAT0 = jax.dtypes.float0  # (a void dtype, JAX's own)
 # How the errors of jaxbind's handler begin (an XLA status code, then jaxbind's text).
 _RUNTIME_ERROR_PREFIXES = ("INTERNAL: jaxbind", "INVALID_ARGUMENT: jaxbind")
 _NO_KWARGS = Kwargs({}, "")

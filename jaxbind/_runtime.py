@@ -129,11 +129,20 @@ for _name, _code in _DTYPE_CODES.items():
 # ---------------------------------------------------------------------------
 
 
-def format_callback_error(label: str, exc: BaseException) -> str:
-    """The message of the error a failing callback raises from the compiled call."""
+def format_callback_error(label: str, exc: BaseException, outs=None) -> str:
+    """The message of the error a failing callback raises from the compiled call.
+
+    ``outs``: the callback's output arrays (the shapes and dtypes the abstract
+    declared), or None. A mistake with a likely cause gets a line that says it.
+    """
+    from ._arguments import arguments_hint  # (imported here: the error path only)
+    from ._user_abstract import output_shape_hint
+
     frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    hint = arguments_hint(exc) or output_shape_hint(exc, outs)
     return (
         f"jaxbind {label}: the callback raised {type(exc).__name__}: {exc}\n"
+        + (f"{hint}\n" if hint else "")
         + "".join(frames).rstrip()
     )
 

@@ -6,6 +6,7 @@ import builtins
 import inspect
 import math
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -246,3 +247,53 @@ def structs(avals):
 def check_input_dtypes(role: Role, avals):
     for i, aval in enumerate(avals):
         check_dtype(aval.dtype, role, f"argument {i}")
+
+
+
+# NumPy's words for a write of one shape into an array of another (written, target), and for a ufunc
+# whose operands do not broadcast (with out=, the output is the last of them).
+_NUMPY_WRITE = (
+    (re.compile(r"could not broadcast input array from shape (\([\d, ]*\)) into shape (\([\d, ]*\))"), 1, 2),
+    (re.compile(r"non-broadcastable output operand with shape (\([\d, ]*\)) doesn't match the broadcast "
+                r"shape (\([\d, ]*\))"), 2, 1),
+)
+_NUMPY_OPERANDS = re.compile(r"operands could not be broadcast together with shapes ((?:\([\d, ]*\) ?)+)")
+
+
+def _shape_in(text: str) -> tuple:
+    return tuple(int(d) for d in re.findall(r"\d+", text))
+
+
+def output_shape_hint(exc: BaseException, outs):
+    """For NumPy's broadcast error on a write into a callback's output: which output, what the
+    abstract declared for it and the shape written; None for another error.
+
+    ``outs``: the callback's output arrays (what the abstract declared), or None.
+    """
+    if not isinstance(exc, ValueError) or not outs:
+        return None
+    text, written, target, surely = str(exc), None, None, True
+    for pattern, w, t in _NUMPY_WRITE:
+        match = pattern.search(text)
+        if match:
+            written, target = _shape_in(match.group(w)), _shape_in(match.group(t))
+            break
+    else:
+        match = _NUMPY_OPERANDS.search(text)
+        if match is None:
+            return None
+        shapes = [_shape_in(m) for m in re.findall(r"\([\d, ]*\)", match.group(1))]
+        try:  # a ufunc's out= that does not fit what its inputs broadcast to
+            written, target, surely = np.broadcast_shapes(*shapes[:-1]), shapes[-1], False
+        except ValueError:  # the inputs do not broadcast either: not about an output
+            return None
+    found = [j for j, out in enumerate(outs) if tuple(out.shape) == target]
+    if not found:  # a write into part of an output, or into an array of the callback's own
+        return None
+    which = f"output {found[0]}" if len(found) == 1 else "output " + " or ".join(map(str, found))
+    declared = f"which the abstract declares with shape {target} and dtype {outs[found[0]].dtype}"
+    check = "check that the abstract declares the shape the callback computes"
+    if surely:
+        return f"(The callback wrote an array of shape {written} into {which}, {declared}: {check}.)"
+    return (f"(If the last of these arrays is {which}, {declared}, the callback computed shape {written} for it: "
+            f"{check}.)")

@@ -1,6 +1,8 @@
 """Misuse: each bad definition or call raises a Python exception that names the op and says what to fix."""
 
+import functools
 import pickle
+import re
 import threading
 
 import jax
@@ -380,3 +382,154 @@ def test_a_batch_of_outputs_larger_than_memory_fails_before_xla_sees_it():
     big = jax.ShapeDtypeStruct((2**12, 2), jnp.float32)
     with pytest.raises(ValueError, match=r"op 'ident'.*bytes, more than this machine's memory"):
         jax.jit(jax.vmap(lambda x: op(x)[0])).lower(big)
+
+
+# ---------------------------------------------------------------------------
+# Callbacks that are not f(out, args, kwargs_dump); outputs of another shape than the abstract's
+# ---------------------------------------------------------------------------
+
+FORM = (r".*jaxbind calls a callback as f\(out, args, kwargs_dump\), with 3 positional arguments: it writes "
+        r"its results into the arrays of `out`.*jaxbind\.pure_callback\(f, result_shape_dtypes, \*args\) "
+        r"takes\.")
+
+
+def one_argument(x):
+    return np.sin(x)
+
+
+def keyword_only(out, args, kwargs_dump, *, mode):
+    out[0][...] = args[-1]
+
+
+# Each place a callback goes: (make an op with `bad` there, what the message calls it).
+PLACES = {
+    "nonlinear f": (lambda bad: jaxbind.get_nonlinear_call(bad, None, same_shape, None, name="e"), "f"),
+    "linear f": (lambda bad: jaxbind.get_linear_call(bad, ident, same_shape, same_shape, name="e"), "f"),
+    "f_T": (lambda bad: jaxbind.get_linear_call(ident, bad, same_shape, same_shape, name="e"), "f_T"),
+    "f_T[1]": (lambda bad: jaxbind.get_linear_call(ident, (ident, bad), same_shape, (same_shape, same_shape),
+                                                   name="e"), r"f_T\[1\]"),
+    "f_jvp": (lambda bad: jaxbind.get_nonlinear_call(ident, (bad, ident), same_shape, same_shape, name="e"),
+              r"f_jvp \(f_derivative\[0\]\)"),
+    "f_vjp": (lambda bad: jaxbind.get_nonlinear_call(ident, (ident, bad), same_shape, same_shape, name="e"),
+              r"f_vjp \(f_derivative\[1\]\)"),
+}
+NOT_CALLBACKS = {  # a callable that provably cannot be f(out, args, kwargs_dump), and why
+    "np.sin": (np.sin, r"it is a NumPy ufunc of 1 input\(s\) and 1 output\(s\), which takes from 1 to 2 "
+                       r"positional arguments, not 3"),
+    "f(x)": (one_argument, r"its signature is \(x\), and a call with 3 positional arguments fails \(too many "
+                           r"positional arguments\)"),
+    "keyword-only": (keyword_only, r"its signature is \(out, args, kwargs_dump, \*, mode\), and a call with 3 "
+                                   r"positional arguments fails \(missing a required argument: 'mode'\)"),
+    "lambda x, y": (lambda x, y: x, r"its signature is \(x, y\), and a call with 3 positional arguments fails "
+                                    r"\(too many positional arguments\)"),
+}
+
+
+@pytest.mark.parametrize("bad", list(NOT_CALLBACKS))
+@pytest.mark.parametrize("place", list(PLACES))
+def test_a_callback_that_cannot_take_its_three_arguments_is_refused_when_the_op_is_made(place, bad):
+    make, what = PLACES[place]
+    callback, why = NOT_CALLBACKS[bad]
+    name = callback.__name__
+    with pytest.raises(TypeError, match=rf"^jaxbind op 'e': {what} \('{re.escape(name)}'\) cannot be called as "
+                                        rf"a callback, f\(out, args, kwargs_dump\): {why}\. " + FORM + "$"):
+        make(callback)
+
+
+class Unreadable:
+    """A callable whose signature inspect cannot read (as some extension types')."""
+
+    __signature__ = "not a signature"
+
+    def __call__(self, x):
+        return x
+
+
+def test_callbacks_that_can_or_might_take_three_arguments_are_accepted():
+    class Bound:
+        def call(self, out, args, kwargs_dump):
+            out[0][...] = 2 * args[0]
+
+    accepted = [lambda *a: ident(*a), functools.partial(lambda scale, out, args, kd: ident(out, args, kd), 2),
+                Bound().call, np.add, Unreadable(), lambda out, args, kwargs_dump, extra=None: None]
+    for callback in accepted:
+        jaxbind.get_nonlinear_call(callback, None, same_shape, None, name="accepted")
+    op = jaxbind.get_nonlinear_call(Bound().call, None, same_shape, None)
+    np.testing.assert_array_equal(op(jnp.arange(3.0))[0], 2 * np.arange(3.0))
+
+
+def test_the_check_takes_the_number_of_arguments_a_callback_gets():
+    from jaxbind._arguments import as_callback
+    four = ("out", "args", "kwargs_dump", "state")
+    assert as_callback(lambda out, args, kwargs_dump, state: None, "f", "e", four) is not None
+    with pytest.raises(TypeError, match=r"cannot be called as a callback, f\(out, args, kwargs_dump, state\): "
+                                        r".*with 4 positional arguments"):
+        as_callback(ident, "f", "e", four)
+
+
+def test_a_callback_that_fails_to_take_its_arguments_says_what_a_callback_is():
+    # Its signature could not be read when the op was made: the call fails, and says why.
+    op = jaxbind.get_linear_call(ident, Unreadable(), same_shape, same_shape, name="unreadable")
+    with pytest.raises(jax.errors.JaxRuntimeError) as info:
+        jax.grad(lambda x: jnp.sum(op(x)[0]))(jnp.ones(3))
+    lines = str(info.value).splitlines()
+    assert lines[0] == ("INTERNAL: jaxbind op 'unreadable' (transpose callback 'Unreadable'): the callback raised "
+                        "TypeError: Unreadable.__call__() takes 2 positional arguments but 4 were given")
+    assert re.match(r"^\(The callback could not be called with jaxbind's arguments\. " + FORM + r"\)$", lines[1])
+
+    def calls_wrongly(out, args, kwargs_dump):  # a TypeError about arguments from its own code
+        out[0][...] = one_argument(args[0], 2)
+
+    op = jaxbind.get_nonlinear_call(calls_wrongly, None, same_shape, None)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="one_argument") as info:
+        op(jnp.ones(3))
+    assert "jaxbind calls a callback as" not in str(info.value)
+
+
+def matvec(out, args, kwargs_dump):
+    out[0][...] = args[0].sum(axis=-1)
+    out[1][...] = args[0] @ args[1]
+
+
+def declares_one_too_many(A, x):  # output 1's length taken from the wrong axis
+    return (((A.shape[0],), A.dtype), ((A.shape[0] + 1,), np.dtype(np.float32)))
+
+
+@pytest.mark.parametrize("how", ["eager", "jit", "vmap"])
+def test_an_output_of_another_shape_than_declared_names_the_output_and_both_shapes(how):
+    op = jaxbind.get_nonlinear_call(matvec, None, declares_one_too_many, None, name="mv")
+    A, x = jnp.ones((3, 2)), jnp.ones(2)
+    run = {"eager": lambda: op(A, x), "jit": lambda: jax.jit(op)(A, x),
+           "vmap": lambda: jax.vmap(op, in_axes=(None, 0))(A, jnp.ones((5, 2)))}[how]
+    with pytest.raises(jax.errors.JaxRuntimeError) as info:
+        jax.block_until_ready(run())
+    lines = str(info.value).splitlines()
+    assert lines[0] == ("INTERNAL: jaxbind op 'mv': the callback raised ValueError: could not broadcast input "
+                        "array from shape (3,) into shape (4,)")
+    assert lines[1] == ("(The callback wrote an array of shape (3,) into output 1, which the abstract declares "
+                        "with shape (4,) and dtype float32: check that the abstract declares the shape the "
+                        "callback computes.)")
+
+
+def test_a_ufunc_writing_into_an_output_of_another_shape_names_it_as_likely():
+    def doubled(out, args, kwargs_dump):
+        np.multiply(args[0], 2, out=out[0])
+
+    op = jaxbind.get_nonlinear_call(doubled, None, lambda x: (((x.shape[0] + 1,), x.dtype),), None, name="dbl")
+    with pytest.raises(jax.errors.JaxRuntimeError) as info:
+        op(jnp.ones(3))
+    assert str(info.value).splitlines()[1] == (
+        "(If the last of these arrays is output 0, which the abstract declares with shape (4,) and dtype "
+        "float64, the callback computed shape (3,) for it: check that the abstract declares the shape the "
+        "callback computes.)")
+
+
+def test_a_broadcast_error_of_the_callbacks_own_arrays_gets_no_hint():
+    def mismatched(out, args, kwargs_dump):
+        out[0][...] = args[0] + np.ones(4)  # its own arrays do not broadcast; no output is involved
+
+    op = jaxbind.get_nonlinear_call(mismatched, None, same_shape, None)
+    with pytest.raises(jax.errors.JaxRuntimeError) as info:
+        op(jnp.ones(3))
+    lines = str(info.value).splitlines()
+    assert "operands could not be broadcast together" in lines[0] and lines[1] == "Traceback (most recent call last):"

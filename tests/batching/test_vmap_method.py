@@ -375,3 +375,60 @@ def test_native_kernel_gets_the_whole_batch(method, kernels):
                                                  r"None-mixed \(0, None\): .*"
                                                  r"output 0 \(shape \(3, 3\)\) was not fully written"):
             jaxbind.testing.check_op(op, w, X[0], factor=3.0)
+
+
+# ---------------------------------------------------------------------------
+# jaxbind.pure_callback's methods at two levels, against jax.pure_callback
+# ---------------------------------------------------------------------------
+
+PURE_CALLBACK_METHODS = METHODS + ("legacy_vectorized",)
+# (outer in_axes, inner in_axes) of x, mapped at both levels, and y: y unmapped at
+# the inner level, at the outer one, at both.
+Y_UNMAPPED = {"inner": ((0, 0), (0, None)), "outer": ((0, None), (0, 0)), "both": ((0, None), (0, None))}
+
+
+def pure_callback_run(api, method, where):
+    """``api(np.add ...)`` under two vmaps: its result (or the exception) and the shapes the callback saw."""
+    outer, inner = Y_UNMAPPED[where]
+    x = jnp.arange(24.0).reshape(OUTER, INNER, 4)
+    y = jnp.linspace(0.0, 1.0, 4 * (OUTER if outer[1] == 0 else 1) * (INNER if inner[1] == 0 else 1))
+    y = y.reshape(((OUTER,) if outer[1] == 0 else ()) + ((INNER,) if inner[1] == 0 else ()) + (4,))
+    seen = []
+
+    def add(a, b):
+        seen.append((np.shape(a), np.shape(b)))
+        return np.add(a, b)
+
+    def f(a, b):
+        return api(add, jax.ShapeDtypeStruct(np.broadcast_shapes(a.shape, b.shape), a.dtype), a, b,
+                   vmap_method=method)
+
+    try:
+        result = jax.jit(nested(f, outer, inner))(x, y)
+    except Exception as e:  # noqa: BLE001 (compared with what JAX raises)
+        result = e
+    return result, sorted(seen)
+
+
+@pytest.mark.parametrize("where", sorted(Y_UNMAPPED))
+@pytest.mark.parametrize("method", PURE_CALLBACK_METHODS)
+def test_pure_callback_at_two_levels_is_jaxs(method, where):
+    """Each method at two vmap levels, an input unmapped at one or both: what jax.pure_callback gives.
+
+    With "legacy_vectorized" an unmapped input reaches the callback as it is, so
+    its leading dimensions are its mapped levels only (the bug: every input was
+    read as having every level in front, and a declared (2, 3, 4) became (2, 4, 4)).
+    Where JAX's callback cannot broadcast what it gets (y mapped at the outer level
+    only), both raise NumPy's error.
+    """
+    got, got_seen = pure_callback_run(jaxbind.pure_callback, method, where)
+    want, want_seen = pure_callback_run(jax.pure_callback, method, where)
+    assert got_seen == want_seen
+    if isinstance(want, Exception):
+        assert (method, where) == ("legacy_vectorized", "inner")
+        assert "operands could not be broadcast together" in str(want)
+        assert isinstance(got, Exception) and "operands could not be broadcast together" in str(got), got
+    else:
+        assert not isinstance(got, Exception), got
+        assert got.shape == want.shape == (OUTER, INNER, 4)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -94,3 +94,27 @@ def test_environment_variable_turns_the_mode_on(tmp_path):
     assert out.stdout.strip() == "True"
     with pytest.raises(TypeError, match="True or False"):
         jaxbind.config.check_unwritten = "yes"
+
+
+def test_an_output_updated_in_place_on_an_argument_other_than_the_first(checking):
+    # inplace={0: 1}: output 0 is argument 1 updated where it stands. The checking mode must leave
+    # that output alone (the elements the update keeps are argument 1's values, not unwritten), and
+    # still check the other output.
+    def axpy_first_half(out, args, kwargs_dump):  # y[:3] += 2 x[:3] in place; out[1] = 2 x
+        ax = 2.0 * args[0]
+        out[0][:3] += ax[:3]
+        if not jaxbind.load_kwargs(kwargs_dump).get("skip_second"):
+            out[1][...] = ax
+
+    op = jaxbind.get_nonlinear_call(axpy_first_half, None,
+                                    lambda x, y, **kwargs: ((y.shape, y.dtype), (x.shape, x.dtype)), None,
+                                    inplace={0: 1}, name="axpy_half")
+    x, y = jnp.arange(6.0), jnp.ones(6)
+    want = np.concatenate([1 + 2 * np.arange(3.0), np.ones(3)])
+    for run in (op, jax.jit(op)):
+        updated, second = run(x, y)
+        np.testing.assert_array_equal(updated, want)
+        np.testing.assert_array_equal(second, 2 * np.arange(6.0))
+    with pytest.raises(RuntimeError, match=r"op 'axpy_half'.*output 1 \(shape \(6\)\) was not fully written"):
+        jax.block_until_ready(op(x, y, skip_second=True))
+    np.testing.assert_array_equal(y, np.ones(6))  # the caller's argument is its own

@@ -132,10 +132,14 @@ def test_an_op_whose_callback_holds_it_is_freed_after_eager_calls():
     holder["op"] = op
     for _ in range(3):
         np.testing.assert_allclose(op(jnp.ones(4))[0], 2 * np.ones(4))
+    # the jitted call the fast path runs: a reference leaked anywhere (the compiled core, the
+    # eager cache) keeps it, and JAX's caches with it, though the op and its callback are gone
+    ref_call = weakref.ref(op._plain[1])
     ref_op = weakref.ref(op)
     del op, apply, big, holder
     collect()
     assert ref_op() is None and ref_big() is None
+    assert ref_call() is None
 
 
 def weighted_sum(out, args, kwargs_dump):
@@ -183,3 +187,79 @@ def test_eager_calls_from_several_threads():
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         assert all(pool.map(run, range(16)))
+
+
+def adding(out, args, kwargs_dump):
+    out[0][...] = args[0] + args[1]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int32, np.complex128])
+def test_numpy_arrays_in_the_other_byte_order_give_their_values_on_every_path(dtype):
+    # JAX refuses such an array on a first call and reads its bytes as native ones on
+    # a warm one (jax.jit(f)(x) then computes with garbage); an op copies it into native
+    # order, the slow path and the fast path alike (which leaves such arrays to the slow one).
+    op = jaxbind.get_nonlinear_call(adding, None, like, None, name="eager_byte_order")
+    dtype = np.dtype(dtype)
+    x = np.arange(6).astype(dtype) * (1 - 2j if dtype.kind == "c" else 1)
+    swapped = x.astype(dtype.newbyteorder("S"))
+    assert not swapped.dtype.isnative and np.array_equal(swapped, x)
+    one = np.ones(6, dtype)
+    results = [op(swapped, one)[0]]  # cold
+    op(x, one)
+    op(x, one)  # the fast path armed for two NumPy arrays
+    results.append(op(swapped, one)[0])
+    results.append(op(one, swapped)[0])
+    results.append(op(swapped[::2], one[::2])[0])  # not contiguous either
+    results.append(op(swapped, one, scale=1)[0])  # kwargs: the keyed way
+    results.append(jax.jit(lambda v: op(swapped, v)[0])(jnp.asarray(one)))  # a constant of a traced call
+    for got in results:
+        assert got.dtype == dtype  # native: JAX's dtype of it
+        want = x + 1 if got.shape == x.shape else x[::2] + 1
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize("value", [np.array([1.0, 2.0], dtype=object), np.array(["a", "b"]),
+                                   np.zeros(2, dtype=[("a", "<f8")]), np.arange(2).astype("M8[s]"),
+                                   np.str_("a")], ids=["object", "str", "structured", "datetime", "np.str_"])
+def test_numpy_dtypes_jax_has_no_type_for_are_refused_alike_on_every_path(value):
+    op = jaxbind.get_nonlinear_call(adding, None, like, None, name="eager_no_jax_dtype")
+    one = np.ones(2)
+    op(one, one)
+    messages = set()
+    for _ in range(3):  # the fast path armed for two NumPy arrays: it leaves these to the slow one
+        with pytest.raises(TypeError, match=rf"jaxbind op 'eager_no_jax_dtype': argument 1 is a NumPy "
+                                            rf"{type(value).__name__} of dtype .*which JAX cannot pass"):
+            op(one, value)
+        with pytest.raises(TypeError, match=r"jaxbind op 'eager_no_jax_dtype': argument 1 .*JAX cannot"):
+            op(one, value, scale=1)
+        with pytest.raises(TypeError) as info:
+            op(one, value)
+        messages.add(str(info.value))
+    assert len(messages) == 1
+
+
+def test_float0_numpy_arrays_pass_on_every_path():
+    # float0 (the tangent dtype of integers) is a NumPy void dtype that JAX takes: it is not
+    # refused with the structured ones (the fast path leaves it to the slow one, which passes it).
+    def first(out, args, kwargs_dump):
+        out[0][...] = args[0]
+
+    op = jaxbind.get_nonlinear_call(first, None, lambda x, z: ((x.shape, x.dtype),), None, name="eager_float0")
+    x, z = np.arange(2.0), np.zeros(2, jax.dtypes.float0)
+    for _ in range(3):
+        np.testing.assert_array_equal(op(x, z)[0], x)
+
+
+def test_a_call_without_kwargs_never_runs_the_program_of_one_with_kwargs():
+    # The fast path keeps one jitted call per arity, for calls without kwargs only: a call with
+    # kwargs between them must neither fill it nor be served by it, in either order.
+    def scaling(out, args, kwargs_dump):
+        out[0][...] = jaxbind.load_kwargs(kwargs_dump).get("factor", 2.0) * args[0]
+
+    op = jaxbind.get_nonlinear_call(scaling, None, like, None, name="eager_kwargs_between")
+    x = np.arange(3.0)
+    for _ in range(3):  # kwargs first, then none, then kwargs again, each on a warm path
+        np.testing.assert_array_equal(op(x, factor=5.0)[0], 5 * x)
+        np.testing.assert_array_equal(op(x)[0], 2 * x)
+        np.testing.assert_array_equal(op(jnp.asarray(x))[0], 2 * x)
+        np.testing.assert_array_equal(op(jnp.asarray(x), factor=7.0)[0], 7 * x)

@@ -53,3 +53,42 @@ def test_warns_when_another_distribution_shares_the_folder(tmp_path, metadata, w
     assert "`jaxbind-ffi` (running now)" in warning
     assert "pip uninstall -y jaxbind jaxbind-ffi && pip install jaxbind-ffi" in warning
     assert warning.endswith("<string>")  # reported at the user's import line, not inside jaxbind
+
+
+@pytest.mark.parametrize("metadata_file", ["without a Summary or Version", "missing"])
+def test_warns_and_imports_when_the_other_distributions_metadata_lacks_fields(tmp_path, metadata_file):
+    # A missing field is None on Python 3.11, a DeprecationWarning on 3.12 and 3.13 and a KeyError
+    # with importlib_metadata 8; a dist-info folder an uninstall left may hold no metadata file. The
+    # child reads metadata the strictest way (a missing field raises) and treats DeprecationWarnings as
+    # errors, so that every Python sees what the newest do.
+    info = tmp_path / "jaxbind-2.0.dist-info"
+    info.mkdir()
+    if metadata_file != "missing":
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: jaxbind\n")
+    code = (
+        "import sys, warnings\n"
+        "import importlib.metadata._adapters as adapters\n"
+        "def strict(self, item):\n"
+        "    value = super(adapters.Message, self).__getitem__(item)\n"
+        "    if value is None:\n"
+        "        raise KeyError(item)\n"
+        "    return value\n"
+        "adapters.Message.__getitem__ = strict\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "warnings.simplefilter('error', DeprecationWarning)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always', RuntimeWarning)\n"
+        "    import jaxbind\n"
+        "print(jaxbind.get_linear_call.__module__)\n"
+        "for w in caught:\n"
+        "    print('WARNING', w.message)\n"
+    )
+    returncode, out, err = _subprocesses.run([sys.executable, "-c", code], timeout=240,
+                                             what="import jaxbind", cwd=tmp_path)
+    assert returncode == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "jaxbind._api"  # this project's jaxbind, imported
+    (warning,) = lines[1:]
+    assert warning.startswith("WARNING jaxbind: this environment has two distributions")
+    assert "JAXbind of an unknown version (the distribution `jaxbind`)" in warning
+    assert "pip uninstall -y jaxbind jaxbind-ffi && pip install jaxbind-ffi" in warning
