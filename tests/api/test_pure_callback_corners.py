@@ -15,6 +15,7 @@ import threading
 import weakref
 
 import jax
+import jax.export  # (jax < 0.6 does not import it with jax)
 import jax.numpy as jnp
 import numpy as np
 import pytest
