@@ -478,7 +478,9 @@ def _find_definition(name: str, description: dict) -> OpDef:
         raise JaxbindError(
             f"jaxbind op '{shown}': the program calls op '{shown}', which this process does not "
             f"define (now): define it (jaxbind.get_linear_call / get_nonlinear_call with "
-            f"name='{shown}', as where the program was made) before calling the program.")
+            f"name='{shown}', as where the program was made) before calling the program. (An op "
+            "made inside a function given to a temporary jax.jit can be gone before XLA runs the "
+            "program it queued: make ops once, outside the functions you jit.)")
     raise JaxbindError(
         f"jaxbind op '{shown}': the program calls op '{shown}', and this process defines "
         f"{len(matches)} different ops of that name, so it cannot tell which: give them distinct "
