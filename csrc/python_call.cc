@@ -148,15 +148,31 @@ bool RunPythonParallel(const PythonSite& site, const PythonRefs& refs, const Wal
   return false;
 }
 
+// A Python callback over a whole call without a walk: the call of almost every
+// op, kept apart from the walk's machinery (its plan, offsets and pool).
+ffi::Error RunPythonOnce(const PythonSite& site, const PythonRefs& refs, const XLA_FFI_Args* args,
+                         const XLA_FFI_Rets* rets) {
+  const bool check = g_check_unwritten.load(std::memory_order_relaxed);
+  if (check) FillSentinel(args->size, args->args, rets->size, rets->rets);
+  std::string error;
+  if (!CallOnce(site, refs, args, rets, /*in_offsets=*/nullptr, /*out_offsets=*/nullptr, 0, &error)) {
+    return ffi::Error(ffi::ErrorCode::kInternal, ValidUtf8(error));
+  }
+  if (check) {
+    std::string unwritten = FindUnwritten(args->size, args->args, rets->size, rets->rets);
+    if (!unwritten.empty()) return ErrorText(&site, unwritten);
+  }
+  return ffi::Error::Success();
+}
+
 // A Python callback over a whole call: once, or once per element of a walk
 // (spread over `pool` when the site is thread-safe and the walk is long).
 ffi::Error RunPython(const PythonSite& site, const PythonRefs& refs, const XLA_FFI_Args* args,
                      const XLA_FFI_Rets* rets, ffi::ThreadPool* pool) {
+  if (site.levels == 0) return RunPythonOnce(site, refs, args, rets);
   WalkPlan plan(site.levels, args->size, rets->size);
-  if (site.levels != 0) {
-    std::string bad = PlanWalk(site, args->args, rets->rets, &plan);
-    if (!bad.empty()) return ErrorText(&site, bad);
-  }
+  std::string bad = PlanWalk(site, args->args, rets->rets, &plan);
+  if (!bad.empty()) return ErrorText(&site, bad);
   const int out_skip = static_cast<int>(site.levels);
   // A walk over a padded batch: the validity operand (the last input) is the
   // walk's, not the callback's.
@@ -172,9 +188,9 @@ ffi::Error RunPython(const PythonSite& site, const PythonRefs& refs, const XLA_F
       return CallOnce(site, refs, callee, rets, in_off, out_off, out_skip, &error);
     });
   };
-  const int64_t threads = pool != nullptr ? pool->num_threads() : 0;
+  const int64_t threads = site.thread_safe && pool != nullptr ? pool->num_threads() : 0;
   double element_ns = 0.0;
-  if (site.thread_safe && site.levels != 0 && threads > 0 && plan.total >= 2) {
+  if (threads > 0 && plan.total >= 2) {
     auto walk = std::make_shared<ChunkedWalk>();
     ok = TimeFirstElements(call_range, &element_ns);
     int serial = site.serial_walks.load(std::memory_order_relaxed);

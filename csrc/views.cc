@@ -78,9 +78,10 @@ bool Reusable(PyObject* view, const XLA_FFI_Buffer* buf, int skip, bool writable
   return true;
 }
 
-// A tuple of views of `n` buffers at byte offsets: the cached tuple re-pointed
-// when it can be, else a new one. `fixed_skip` < 0: each input skips its own
-// mapped dims. Returns a new reference or null.
+// A tuple of views of `n` buffers at byte offsets (null: all 0, a call without
+// a walk): the cached tuple re-pointed when it can be, else a new one.
+// `fixed_skip` < 0: each input skips its own mapped dims. Returns a new
+// reference or null.
 PyObject* ViewTuple(PyObject* cached, void* const* buffers, int64_t n, const int64_t* offsets,
                     const Site& site, int fixed_skip, bool writable) {
   auto skip_of = [&](int64_t i) { return fixed_skip >= 0 ? fixed_skip : InputSkip(site, i); };
@@ -94,7 +95,7 @@ PyObject* ViewTuple(PyObject* cached, void* const* buffers, int64_t n, const int
       // The array owns nothing and nobody else sees it: moving its data
       // pointer is the same as making a new view, without the allocation.
       reinterpret_cast<PyArrayObject_fields*>(PyTuple_GET_ITEM(cached, i))->data =
-          ElementData(buffers[i], offsets[i]);
+          ElementData(buffers[i], offsets != nullptr ? offsets[i] : 0);
     }
     Py_INCREF(cached);
     return cached;
@@ -102,7 +103,8 @@ PyObject* ViewTuple(PyObject* cached, void* const* buffers, int64_t n, const int
   PyObject* tuple = PyTuple_New(n);
   for (int64_t i = 0; tuple != nullptr && i < n; ++i) {
     PyObject* view = MakeView(static_cast<XLA_FFI_Buffer*>(buffers[i]),
-                              ElementData(buffers[i], offsets[i]), skip_of(i), writable);
+                              ElementData(buffers[i], offsets != nullptr ? offsets[i] : 0), skip_of(i),
+                              writable);
     if (view == nullptr) {
       Py_CLEAR(tuple);
     } else {

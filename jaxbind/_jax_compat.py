@@ -315,3 +315,10 @@ def hold_weakly_in_jax_caches(param_type: type) -> None:
         _util.weakref_cache_key_types.add(param_type)
     except (ImportError, AttributeError):  # a JAX without the set: nothing holds it there
         pass
+
+
+def lru_cleared_with_jax_caches(max_size: int):
+    """A ``functools.lru_cache(max_size)`` decorator whose entries ``jax.clear_caches()`` drops with
+    JAX's own caches (``jax._src.util.cache``, whose registry of caches differs between versions)."""
+    from jax._src import util as _util
+    return _util.cache(max_size=max_size, trace_context_in_key=False)

@@ -1,15 +1,21 @@
-"""Views a callback kept: the heap sweep that cuts off everything else that reaches their memory.
+"""Views a callback kept: the heap sweep that cuts off everything else that reaches their memory,
+and, for ``jaxbind.pure_callback``, private copies for the arrays its callback kept.
 
 The compiled core (``views.cc``) calls :func:`retire_aliases`, which
 ``_runtime`` hands it at import, when a callback kept one of its arrays, and
-only then: the sweep walks the heap.
+only then: the sweep walks the heap. ``jaxbind.pure_callback``'s callback may
+keep its inputs, as ``jax.pure_callback``'s may: :func:`own_copy` and
+:func:`give_copies` give what it kept copies of their values before the core
+looks (an ordinary op's callback that keeps a view fails, as its API says).
 """
 
 from __future__ import annotations
 
+import collections
 import gc
 import itertools
 import sys
+import types
 import weakref
 
 import jax
@@ -17,7 +23,7 @@ import numpy as np
 
 from . import _trampoline
 
-__all__ = ["retire_aliases"]
+__all__ = ["give_copies", "own_copy", "retire_aliases"]
 
 _PROXY_TYPES = (weakref.ProxyType, weakref.CallableProxyType)
 _CTYPES_TYPE = type(np.empty(0).ctypes)  # what ``array.ctypes`` is (a class private to NumPy)
@@ -80,6 +86,80 @@ def retire_aliases(views):
     _cut_off_pointer_holders(holders_of_pointers, views)
 
 
+def own_copy(array) -> None:
+    """Give an array that views XLA's memory a private copy of its values (read-only if it was)."""
+    writeable = array.flags.writeable
+    np.ndarray.__setstate__(array, np.ndarray.__reduce__(array)[2])
+    if not writeable:
+        array.flags.writeable = False
+
+
+def give_copies(views) -> bool:
+    """Give every array that reaches the memory of ``views`` a private copy of its values, or none.
+
+    For ``jaxbind.pure_callback``, whose callback may keep its inputs and views
+    derived from them (``x[1:]``, ``x.reshape(2, -1)``, ``x.view(np.int64)``):
+    called when something still holds the trampoline's input ``views`` after
+    the call (refcounts say so, only then: it walks the heap). Copies are
+    given only if every holder is accounted for and reaches the memory only
+    through the array it holds (a list, a dict, an attribute, a frame), so
+    that re-pointing the array is all it takes: a memoryview, an iterator
+    (``x.flat``, ``np.nditer``), ``x.ctypes`` or anything the collector cannot
+    see copied a pointer into the memory, and then nothing is copied and the
+    core refuses the call as it refuses an ordinary op's (and cuts everything
+    off). Returns whether the copies were given.
+    """
+    if any(weakref.getweakrefcount(view) for view in views):  # a weak reference to the core's own view
+        return False
+    view_ids = {id(view) for view in views}
+    referents = gc.get_referents(*_heap_containers())
+    # The arrays the heap holds, each as often as it is held (types first: a weak proxy's
+    # type is its own, and the referents are many).
+    kinds = frozenset(kind for kind in set(map(type, referents)) if issubclass(kind, np.ndarray))
+    arrays = [obj for obj in referents if type(obj) in kinds]
+    referents = None
+    refs = collections.Counter(map(id, arrays))
+    found = {}
+    for array in arrays:
+        key = id(array)
+        if key not in found and key not in view_ids and _owner(array, view_ids) is True:
+            found[key] = array
+    arrays = array = None
+    if not all(map(_plain_holder, gc.get_referrers(*found.values()))):
+        return False
+    # Every reference must be one of those counted: the heap's, and the bases of the arrays found.
+    bases = collections.Counter(id(array.base) for array in found.values())
+    for key in list(found):
+        array = found[key]
+        if sys.getrefcount(array) != 3 + refs[key] + bases[key]:  # (+ `found`, `array`, the argument)
+            return False
+    for view in views:
+        if sys.getrefcount(view) != 3 + bases[id(view)]:  # (+ its tuple, `view`, the argument)
+            return False
+    for array in found.values():
+        own_copy(array)
+    return True
+
+
+# Holders that reach an array only through their reference to it, so that the copy the array is
+# given is what they see; instances of classes written in Python too (their attributes).
+_PLAIN_HOLDERS = frozenset({
+    list, tuple, dict, set, frozenset, collections.deque, collections.OrderedDict, collections.defaultdict,
+    types.CellType, types.FrameType, types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType,
+    types.MethodType, types.BuiltinMethodType, types.SimpleNamespace, object, np.ndarray,
+})
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (or type())
+
+
+def _plain_holder(obj) -> bool:
+    kind = type(obj)
+    if kind in _PLAIN_HOLDERS:
+        return True
+    if kind is _CTYPES_TYPE or kind in _PROXY_TYPES:  # `x.ctypes` holds a pointer besides its array
+        return False
+    return all(base.__flags__ & _HEAP_TYPE or base in _PLAIN_HOLDERS for base in kind.__mro__)
+
+
 def _heap_containers():
     """Every object that can hold a reference the collector can see.
 
@@ -89,17 +169,21 @@ def _heap_containers():
     """
     # A weak proxy whose object died raises on isinstance(): none holds anything.
     containers = [obj for obj in gc.get_objects() if type(obj) not in _PROXY_TYPES]
-    seen = {id(obj) for obj in containers}
+    seen = set(map(id, containers))
     frontier = containers
     while frontier:
         found = []
-        for obj in gc.get_referents(*frontier):
-            if type(obj) in (tuple, dict) and not gc.is_tracked(obj) and id(obj) not in seen:
+        # (tuples and dicts picked first: the referents are several times the containers)
+        for obj in [obj for obj in gc.get_referents(*frontier) if type(obj) in _UNTRACKED_KINDS]:
+            if not gc.is_tracked(obj) and id(obj) not in seen:
                 seen.add(id(obj))
                 found.append(obj)
         containers.extend(found)
         frontier = found
     return containers
+
+
+_UNTRACKED_KINDS = frozenset({tuple, dict})
 
 
 def _byte_range(array):

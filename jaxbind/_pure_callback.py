@@ -1,34 +1,42 @@
 """``jaxbind.pure_callback``: ``jax.pure_callback``'s signature and semantics, run by the trampoline.
 
 A call flattens ``(args, kwargs)`` and the result specs as JAX does and binds
-an op made once per callback, argument structure, ``vmap_method`` and
-``sharding``: a nonlinear op without derivatives whose one Python callback
-unflattens the views of XLA's buffers, calls the user's function and writes
-its results into XLA's output buffers (one copy). The result specs travel as
-the op's kwargs, so one op serves every shape.
+an op made for the callback, argument structure, ``vmap_method`` and
+``sharding``: a nonlinear op without derivatives whose one Python callback, a
+:class:`_Runner`, unflattens the views of XLA's buffers, calls the user's
+function and writes its results into XLA's output buffers (one copy). The
+result specs travel as the op's kwargs (dtypes by name), so one op serves
+every shape.
 
-The ops of a callback are kept on the callback itself (or on the object a
-bound method is bound to), so that they live exactly as long as it does: the
-op holds the callback, and a table on the callback that holds the op is a
-cycle the collector frees with it. Callables that take no attributes
-(NumPy's ufuncs, builtins) live for the process anyway; their ops are kept in
-a module table.
+Nothing is stored on the callback or its owner: the op's definition holds
+the callback, and lives as long as something holds that (a jaxpr, a compiled
+program, JAX's caches; and the definitions of the last 8 callbacks traced, a
+cache ``jax.clear_caches()`` empties, see :func:`_recent`), as
+``jax.pure_callback``'s callback lives as long as its programs. A weak table
+finds the definition of a callback while it lives; runners compare by the
+callback's identity, so a definition made again for the same callback is
+equal to the first.
 """
 
 from __future__ import annotations
 
+import functools
+import gc
 import logging
 import sys
 import threading
 import types
+import weakref
 from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
 
-from ._definition import CallbackKind, Family, OpDef, OpKind
-from ._jax_compat import at_top_level, canonicalize_dtype
+from ._definition import CallbackKind, Family, OpDef, OpKind, dtype_name
+from ._jax_compat import at_top_level, canonicalize_dtype, lru_cleared_with_jax_caches
+from ._kept_views import give_copies, own_copy
 from ._op import Op
+from ._runtime import format_callback_error
 
 __all__ = ["pure_callback", "VMAP_METHODS"]
 
@@ -38,13 +46,16 @@ VMAP_METHODS = ("sequential", "sequential_unrolled", "expand_dims", "broadcast_a
                 "legacy_vectorized", None)
 _OP_METHOD = {"sequential_unrolled": "sequential"}
 
-_TABLE = "__jaxbind_pure_callback_ops__"
 getrefcount = sys.getrefcount
 copyto = np.copyto
-_log = logging.getLogger("jaxbind")
-_UNKEPT = 3  # references to an input view nobody kept: the tuple, the loop, getrefcount's argument
+# JAX's record of a failing callback, which code filters by logger and text (Equinox does).
+_jax_log = logging.getLogger("jax._src.callback")
+_UNKEPT = 3  # references to a view nobody kept: its tuple, the loop's name, getrefcount's argument
 _lock = threading.Lock()
-_permanent: dict = {}  # (callback, ...) -> op, for callables that take no attributes
+# (what identifies the callback, structure, vmap method, sharding) -> its op's definition, while
+# something (a jaxpr, a compiled program, JAX's caches) holds that
+_definitions: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+_dtypes: dict = {}  # dtype name -> NumPy's own dtype object of that name (see _check_spec)
 
 
 def _name_of(callback) -> str:
@@ -52,57 +63,115 @@ def _name_of(callback) -> str:
     return f"pure_callback({name or type(callback).__name__})"
 
 
-class _OpTable(dict):
-    """A callback's ops, kept in its ``__dict__``; pickled or deep-copied with the callback as an
-    empty table (cloudpickle copies a closure's ``__dict__``: its ops belong to this process)."""
+def _identity(callback) -> tuple:
+    """What tells a callback apart, by identity only (never the user's ``__eq__`` or ``__hash__``).
 
-    __slots__ = ()
+    A bound method is a new object at each attribute access, so it is its
+    object and function; a builtin method (``rng.normal``) its object and
+    name. Anything else is itself.
+    """
+    kind = type(callback)
+    if kind is types.MethodType:
+        return (id(callback.__self__), id(callback.__func__))
+    if kind is types.BuiltinMethodType and not isinstance(callback.__self__, (types.ModuleType, type(None))):
+        return (id(callback.__self__), callback.__qualname__)
+    return (id(callback),)
 
-    def __reduce__(self):
-        return (_OpTable, ())
+
+def _same(a, b) -> bool:
+    """Whether two callbacks are one: identical, or bound methods of one function to one object."""
+    if a is b:
+        return True
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is types.MethodType:
+        return a.__self__ is b.__self__ and a.__func__ is b.__func__
+    if kind is types.BuiltinMethodType:  # (its own comparison: the object by identity, the C function)
+        return types.BuiltinMethodType.__eq__(a, b) is True
+    return False
 
 
-def _holder(callback):
-    """The object whose ``__dict__`` keeps the callback's ops, or None."""
-    owner = callback.__self__ if isinstance(callback, types.MethodType) else callback
-    if isinstance(owner, type):  # a classmethod's class: its __dict__ is a read-only mapping
-        return None
-    try:
-        vars(owner)
-    except TypeError:
-        return None
-    return owner
+class _Runner(functools.partial):
+    """The op's one Python callback: ``run(out, args, kwargs_dump)`` with the user's callback.
+
+    Equal to another runner of the same callback (by identity, see
+    :func:`_same`) and argument structure: the definitions of two ops made
+    for one callback are equal, so JAX's caches and the call sites serve both.
+    """
+
+    # definition: the op's, which a call site holds through its runner, so that a program's call
+    # made after its site was released (see _recent) finds the op as long as the site was alive
+    __slots__ = ("target", "in_tree", "definition", "_hash")
+
+    def __new__(cls, run, target, in_tree):
+        self = super().__new__(cls, run)
+        self.target, self.in_tree, self.definition = target, in_tree, None
+        self._hash = hash((_identity(target), in_tree))
+        return self
+
+    def __eq__(self, other):
+        return (self is other or (isinstance(other, _Runner) and _same(self.target, other.target)
+                                  and self.in_tree == other.in_tree))
+
+    def __hash__(self):
+        return self._hash
+
+    def __copy__(self):  # a value, as the function it replaces was
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):  # (a runner calls a function of this process)
+        raise TypeError(f"the op of jaxbind.{_name_of(self.target)} cannot be pickled")
 
 
 def _op_for(callback, in_tree, vmap_method, sharding) -> Op:
-    key = (in_tree, _OP_METHOD.get(vmap_method, vmap_method), sharding)
-    method = isinstance(callback, types.MethodType)  # a new object at each attribute access
-    if method:
-        key = (callback.__func__,) + key
-    holder = _holder(callback)
+    """The op of a callback, structure, ``vmap_method`` and ``sharding``: of the live definition, or a new one."""
+    method = _OP_METHOD.get(vmap_method, vmap_method)
+    key = (_identity(callback), in_tree, method, sharding)
     with _lock:
-        if holder is None:
-            table = _permanent
-            key = (callback,) + key
-        else:
-            table = vars(holder).get(_TABLE)
-            if table is None:
-                table = _OpTable()
-                try:
-                    setattr(holder, _TABLE, table)
-                except (AttributeError, TypeError):  # a __dict__ that refuses new names
-                    table, key = _permanent, (callback,) + key
-        entry = table.get(key)
-        # (a wrapper made by functools.wraps copies the wrapped function's __dict__, table included)
-        if entry is not None and (entry[0] is callback or (method and entry[0] == callback)):
-            return entry[1]
-        op = _make_op(callback, in_tree, key[-2], sharding)
-        table[key] = (callback, op)
-        return op
+        definition = _definitions.get(key)
+        # (the definition holds its callback, so while it lives no other object has the callback's id)
+        if definition is None or not _same(definition.families[0].callbacks[0].target, callback):
+            definition = _definitions[key] = _make_definition(callback, in_tree, method, sharding)
+    _recent(definition)
+    return Op(definition)
 
 
-def _make_op(callback, in_tree, vmap_method, sharding) -> Op:
+@lru_cleared_with_jax_caches(max_size=8)
+def _recent(definition: OpDef) -> OpDef:
+    """Hold the definitions of the last few callbacks traced, until ``jax.clear_caches()``.
+
+    A program's call sites live as long as JAX's Python half of its
+    executable, and a temporary ``jax.jit`` drops that as soon as it has
+    queued the program: a call XLA runs after that (on its worker threads, a
+    sharded program) makes its site anew from the program's description,
+    which needs the op's definition alive in this process. A jaxbind op's
+    user holds the op; the definition of a pure callback is held by nothing
+    else once the jaxpr is gone. (A site holds its definition while it lives:
+    see :class:`_Runner`.)
+    """
+    return definition
+
+
+def _abstract(*args, result):
+    """The op's abstract: the result specs, their dtypes NumPy's own objects (never unpickled copies)."""
+    return tuple((shape, _dtype_named(name)) for shape, name in result)
+
+
+def _make_definition(callback, in_tree, vmap_method, sharding) -> OpDef:
     name = _name_of(callback)
+    runner = _Runner(_make_run(callback, in_tree, name), callback, in_tree)
+    family = Family(callbacks=(runner,), abstracts=(_abstract,), kinds=(CallbackKind.FORWARD,),
+                    labels=("forward",), linear=False)
+    runner.definition = OpDef(OpKind.NONLINEAR, name, (family,), 0, False, vmap_method,
+                              callback_sharding=("pure_callback", sharding))
+    return runner.definition
+
+
+def _make_run(callback, in_tree, name):
     unflatten = in_tree.unflatten
     leaves = jax.tree_util.tree_leaves
     n_args = in_tree.num_leaves
@@ -112,37 +181,65 @@ def _make_op(callback, in_tree, vmap_method, sharding) -> Op:
     def run(out, args, kwargs_dump):
         # Views of the views: one the callback keeps (JAX's callbacks may keep
         # their inputs) gets a copy of its values when the call ends, instead
-        # of being cut off.
+        # of being cut off; so does a view derived from one (see _keep_values).
         mine = tuple([v.view() for v in args]) if n_args != 1 else (args[0].view(),)
+        a = k = result = None
         try:
-            if positional:
-                result = callback(*mine)
-            else:
-                a, k = unflatten(mine)
-                result = callback(*a, **k)
-                a = k = None
+            try:
+                if positional:
+                    result = callback(*mine)
+                else:
+                    a, k = unflatten(mine)
+                    result = callback(*a, **k)
+            except BaseException:
+                _jax_log.exception("jax.pure_callback failed")
+                raise
+            a = k = None
             if (type(result) is np.ndarray and len(out) == 1 and result.shape == out[0].shape
                     and result.dtype == out[0].dtype):
                 copyto(out[0], result)  # the common case, checked without flattening
             else:
                 _write_results(name, out, result, leaves)
             result = None
-        except BaseException:
-            _log.exception("jax.pure_callback failed (run by jaxbind.pure_callback as op '%s')", name)
-            raise
         finally:
-            for view in mine:
-                if getrefcount(view) > _UNKEPT:
-                    view.__setstate__(view.__reduce__()[2])
+            a = k = result = None
+            for view in args:
+                # Held by more than its tuple and our view (its base): by a view derived from
+                # ours, since NumPy points every view of a view at the first array with no base.
+                if getrefcount(view) > _UNKEPT + 1:
+                    view = mine = None
+                    _keep_values(args)
+                    break
+            else:
+                for view in mine:
+                    if getrefcount(view) > _UNKEPT:
+                        own_copy(view)
 
-    def abstract(*args, result):
-        return result
+    return run
 
-    family = Family(callbacks=(run,), abstracts=(abstract,), kinds=(CallbackKind.FORWARD,),
-                    labels=("forward",), linear=False)
-    definition = OpDef(OpKind.NONLINEAR, name, (family,), 0, False, vmap_method,
-                       callback_sharding=("pure_callback", sharding))
-    return Op(definition)
+
+def _keep_values(views) -> None:
+    """Give every array the callback kept that views an input a copy of its values, or nothing.
+
+    Garbage first (a closure over a slice, left in a cycle) is not keeping:
+    the youngest generations are collected, as the core does. Whatever is
+    still held is searched for on the heap (only now: it costs a walk of the
+    heap); if something that cannot be given a copy reaches the memory (a
+    memoryview, an iterator, ``a.ctypes``), nothing is copied and the call
+    fails as an ordinary op's does (the core's kept-view error).
+    """
+    for generation in (0, 1):
+        gc.collect(generation)
+        if not _still_held(views):
+            return
+    give_copies(views)
+
+
+def _still_held(views) -> bool:
+    for view in views:
+        if getrefcount(view) > _UNKEPT:  # its tuple, the loop's name, getrefcount's argument
+            return True
+    return False
 
 
 def _write_results(name, out, result, leaves):
@@ -169,7 +266,18 @@ def _write_results(name, out, result, leaves):
         o[...] = r
 
 
+def _dtype_named(name: str):
+    """NumPy's own dtype object of a name (``jax.dtypes.float0`` for "float0")."""
+    dtype = _dtypes.get(name)
+    if dtype is None:
+        # (the dtype of its scalar type is NumPy's one object of the name: ml_dtypes' types too)
+        dtype = jax.dtypes.float0 if name == "float0" else np.dtype(np.dtype(name).type)
+        _dtypes[name] = dtype
+    return dtype
+
+
 def _check_spec(spec):
+    """A result spec's shape, dtype (NumPy's own object of it) and dtype name."""
     try:
         shape, dtype = tuple(spec.shape), np.dtype(spec.dtype)
     except (AttributeError, TypeError) as err:
@@ -179,24 +287,38 @@ def _check_spec(spec):
     if dtype != jax.dtypes.float0 and canonicalize_dtype(dtype) != dtype:
         raise ValueError(
             "result_shape_dtypes cannot specify 64-bit types when `jax_enable_x64` is disabled")
-    return tuple(int(d) for d in shape), dtype
+    name = dtype_name(dtype)
+    own = _dtype_named(name)
+    # An unpickled dtype is a new object equal to NumPy's, and JAX (which compares dtypes by
+    # identity in places) would carry it into its results and caches; another byte order stays.
+    return tuple(int(d) for d in shape), (own if own == dtype else dtype), name
 
 
 def _eager(callback, flat_args, in_tree, specs, out_tree):
-    """Outside any trace, as JAX does: the callback gets jax Arrays on a CPU device."""
+    """Outside any trace, as JAX does: the callback gets jax Arrays on a CPU device, and its
+    failure is a ``JaxRuntimeError`` with the jitted call's text, logged as JAX logs it."""
     try:
         cpu = jax.local_devices(backend="cpu")[0]
     except RuntimeError as err:
         raise RuntimeError(
             "jaxbind.pure_callback found no local CPU device to place the inputs on: list "
             "\"cpu\" in --jax_platforms or JAX_PLATFORMS.") from err
+    name = _name_of(callback)
     args, kwargs = in_tree.unflatten(jax.device_put(list(flat_args), cpu))
-    with jax.default_device(cpu):
-        result = callback(*args, **kwargs)
-    outs = [np.empty(shape, np.bool_ if dtype == jax.dtypes.float0 else dtype) for shape, dtype in specs]
-    _write_results(_name_of(callback), outs, result, jax.tree_util.tree_leaves)
+    try:
+        try:
+            with jax.default_device(cpu):
+                result = callback(*args, **kwargs)
+        except BaseException:
+            _jax_log.exception("jax.pure_callback failed")
+            raise
+        outs = [np.empty(shape, np.bool_ if dtype == jax.dtypes.float0 else dtype) for shape, dtype, _ in specs]
+        _write_results(name, outs, result, jax.tree_util.tree_leaves)
+    except Exception as err:
+        # (what the jitted call raises: the core formats a callback's exception the same way)
+        raise jax.errors.JaxRuntimeError("INTERNAL: " + format_callback_error(f"op '{name}'", err)) from err
     arrays = [np.zeros(o.shape, jax.dtypes.float0) if dtype == jax.dtypes.float0 else jax.device_put(o, cpu)
-              for o, (_, dtype) in zip(outs, specs)]
+              for o, (_, dtype, _) in zip(outs, specs)]
     return out_tree.unflatten(arrays)
 
 
@@ -217,10 +339,12 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
         a pytree of arrays (or NumPy scalars, or anything ``np.asarray``
         takes) with the structure, shapes and dtypes of
         ``result_shape_dtypes``. Inside compiled code it receives read-only
-        NumPy arrays that view XLA's buffers (valid during the call: keep a
-        copy, ``np.array(x)``, not the array); called outside any trace, jax
-        Arrays on a CPU device, as JAX passes them. Assumed pure: it may run
-        any number of times, or not at all when its results are unused.
+        NumPy arrays that view XLA's buffers; one it keeps past the call (or
+        a view of one, ``x[1:]``) is given a copy of its values then, while a
+        memoryview, iterator or ``x.ctypes`` of one kept past the call fails
+        it (keep ``np.array(x)`` there). Called outside any trace, it receives
+        jax Arrays on a CPU device, as JAX passes them. Assumed pure: it may
+        run any number of times, or not at all when its results are unused.
     result_shape_dtypes : pytree
         Leaves with ``.shape`` and ``.dtype`` (``jax.ShapeDtypeStruct``, arrays).
     *args, **kwargs : pytrees
@@ -253,10 +377,15 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
         ``jax.custom_jvp`` or ``jax.custom_vjp``), for an unknown
         ``vmap_method``, or for a 64-bit result type without ``jax_enable_x64``.
     NotImplementedError
-        Under ``jax.vmap`` when ``vmap_method`` is None.
+        Under ``jax.vmap`` when ``vmap_method`` is None; when a program that
+        calls it is exported (``jaxbind.export``), as ``jax.export`` refuses
+        ``jax.pure_callback``.
     jax.errors.JaxRuntimeError
-        When the callback raises (its type and message are in the text) or
-        returns results of another number, shape or dtype than declared.
+        When the callback raises (its type, message and traceback are in the
+        text; an eager call chains the original exception too; the failure is
+        logged as JAX logs it, "jax.pure_callback failed" on the logger
+        ``jax._src.callback``) or returns results of another number, shape or
+        dtype than declared.
 
     Examples
     --------
@@ -278,5 +407,5 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
     op = _op_for(callback, in_tree, vmap_method, sharding)
     if not flat_specs:  # nothing to compute: a pure callback with no results is never called
         return out_tree.unflatten([])
-    outs = op(*flat_args, result=specs)
+    outs = op(*flat_args, result=tuple((shape, name) for shape, _, name in specs))
     return out_tree.unflatten(outs)

@@ -314,6 +314,14 @@ def _register(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded, ke
 def check_exportable(role: Role) -> None:
     """A serialized program names ops by name: refuse one another process could not resolve."""
     name = role.op.name
+    if role.op.callback_sharding is not None:  # jaxbind.pure_callback's: a function, not an op
+        raise NotImplementedError(
+            f"jaxbind.export: the program calls {name}, and serialization of host_callbacks is not "
+            "yet implemented (jax.export refuses jax.pure_callback the same way): a serialized "
+            "program names ops, which the process that loads it defines. Bind the function as an "
+            "op instead, jaxbind.get_nonlinear_call(f, None, abstract, None, name=\"...\") (f "
+            "writes its results into out; see the porting guide), and define that op by the same "
+            "name where the program is loaded.")
     others = [d for d, _ in _definitions_named(name)]
     if len(others) > 1:
         raise ValueError(
@@ -473,7 +481,9 @@ def _find_definition(name: str, description: dict) -> OpDef:
         raise JaxbindError(
             f"jaxbind op '{shown}': the program calls op '{shown}', which this process does not "
             f"define (now): define it (jaxbind.get_linear_call / get_nonlinear_call with "
-            f"name='{shown}', as where the program was made) before calling the program.")
+            f"name='{shown}', as where the program was made) before calling the program. (An op "
+            "made inside a function given to a temporary jax.jit can be gone before XLA runs the "
+            "program it queued: make ops once, outside the functions you jit.)")
     raise JaxbindError(
         f"jaxbind op '{shown}': the program calls op '{shown}', and this process defines "
         f"{len(matches)} different ops of that name, so it cannot tell which: give them distinct "
