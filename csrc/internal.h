@@ -296,6 +296,7 @@ void SetNativeKwargs(NativeSite& site, nb::handle native_kwargs);
 
 void AddDiagnostics(nb::module_& m);
 void AddOpCall(nb::module_& m);
+void AddFingerprints(nb::module_& m);
 
 }  // namespace
 

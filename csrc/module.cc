@@ -120,4 +120,5 @@ NB_MODULE(_trampoline, m) {
 
   AddDiagnostics(m);
   AddOpCall(m);
+  AddFingerprints(m);
 }

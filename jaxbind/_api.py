@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence, Tuple, Union
 
-from ._arguments import (as_callback, check_callable, check_flags, check_inplace, check_n_residuals, check_thread_safe,
-                         drop_fixed_places, named_callback)
+from ._arguments import (as_callback, callback_parameters, check_callable, check_flags, check_inplace,
+                         check_n_residuals, check_setup, check_thread_safe, drop_fixed_places, named_callback)
 from ._definition import CallbackKind, Family, OpDef, OpKind
 from ._op import Op
+from ._state import DEFAULT_SETUP_CACHE, with_state
 
 __all__ = ["get_linear_call", "get_nonlinear_call"]
 
@@ -26,6 +27,8 @@ def get_linear_call(
     vmap_method: str = "sequential",
     thread_safe: bool = False,
     inplace: Optional[dict] = None,
+    setup: Optional[Callable] = None,
+    setup_cache: int = DEFAULT_SETUP_CACHE,
 ) -> Op:
     """Create a JAX op from a linear (or multilinear) function and its transpose(s).
 
@@ -135,6 +138,21 @@ def get_linear_call(
         the derivative and transpose callbacks run out of place. Under
         ``vmap`` each element's output is that element's argument (an
         unmapped argument is broadcast first).
+    setup : callable, optional
+        ``setup(args, kwargs) -> state``: makes what the callbacks need and
+        should not make again at every call (a factorization, a plan, a
+        solver handle). It receives the call's fixed arguments (read-only
+        copies it may keep) and kwargs (a dict); every callback is then called
+        as ``f(out, args, kwargs_dump, state)`` with the state made for the
+        same fixed arguments and kwargs, the transpose included. It runs at
+        most once per distinct (fixed arguments' values, kwargs) while the op
+        keeps that state; a state that is gone is made again, so results never
+        depend on what was kept. Python callbacks only (a native kernel is
+        refused). See the linear guide.
+    setup_cache : int, default 8
+        The most states the op keeps (least recently used first out; freed
+        with the op). A vmapped call over B distinct fixed arguments makes B
+        states: keep at least B to reuse them in its transpose.
 
     Returns
     -------
@@ -151,7 +169,9 @@ def get_linear_call(
         with another signature than ``int kernel(const jaxbind_call *)`` is
         refused), if ``abstract`` or an ``abstract_T`` is not callable, if
         ``func_can_batch`` or ``thread_safe`` is not a bool, or if ``name`` is
-        not a string.
+        not a string; if ``setup`` is given and is not callable, a callback
+        is a native kernel, or a Python callback cannot take the fourth
+        argument, ``state``.
     ValueError
         If ``name`` is empty; if ``first_n_args_fixed`` is not a non-negative
         integer; if ``vmap_method`` is not one of its three values, or is not
@@ -160,7 +180,8 @@ def get_linear_call(
         same length; if ``f_T`` is an empty tuple, or has ``None`` elsewhere
         than at the first ``first_n_args_fixed`` places; if a native kernel is
         a null pointer, or has no name of its own while the op would be named
-        after it (pass ``name=``).
+        after it (pass ``name=``); if ``setup_cache`` is not a positive
+        integer.
 
     See Also
     --------
@@ -191,7 +212,8 @@ def get_linear_call(
     >>> y, = op(jnp.arange(3.0), factor=2.0)
     >>> g = jax.grad(lambda x: jnp.sum(op(x, factor=2.0)[0] ** 2))(jnp.arange(3.0))
     """
-    f, name = named_callback(f, name)
+    parameters = callback_parameters(setup)
+    f, name = named_callback(f, name, parameters)
     check_callable(abstract, "abstract", name)
     first_n_args_fixed, func_can_batch, vmap_method = check_flags(
         name, first_n_args_fixed, func_can_batch, vmap_method)
@@ -204,7 +226,7 @@ def get_linear_call(
         f_T, abstract_T = drop_fixed_places(name, tuple(f_T), tuple(abstract_T), first_n_args_fixed)
         if not f_T:
             raise ValueError(f"jaxbind op '{name}': f_T is an empty tuple; give one transpose per linear argument.")
-        f_T = tuple(as_callback(t, f"f_T[{i}]", name) for i, t in enumerate(f_T))
+        f_T = tuple(as_callback(t, f"f_T[{i}]", name, parameters) for i, t in enumerate(f_T))
         for i, a in enumerate(abstract_T):
             check_callable(a, f"abstract_T[{i}]", name)
         family = Family(
@@ -221,7 +243,7 @@ def get_linear_call(
                 f"jaxbind op '{name}': abstract_T is a tuple but f_T is a single function; "
                 "pass tuples for both (a multilinear op) or single functions for both."
             )
-        f_T = as_callback(f_T, "f_T", name)
+        f_T = as_callback(f_T, "f_T", name, parameters)
         check_callable(abstract_T, "abstract_T", name)
         family = Family(
             callbacks=(f_T, f), abstracts=(abstract_T, abstract),
@@ -229,7 +251,8 @@ def get_linear_call(
             labels=("transpose callback", "forward"), linear=True,
         )
         kind = OpKind.LINEAR
-    return Op(OpDef(kind, name, (family,), first_n_args_fixed, func_can_batch, vmap_method,
+    families = _stateful((family,), setup, setup_cache, name)
+    return Op(OpDef(kind, name, families, first_n_args_fixed, func_can_batch, vmap_method,
                     thread_safe=check_thread_safe(name, thread_safe), inplace=check_inplace(name, inplace)))
 
 
@@ -247,6 +270,8 @@ def get_nonlinear_call(
     n_residuals: int = 0,
     thread_safe: bool = False,
     inplace: Optional[dict] = None,
+    setup: Optional[Callable] = None,
+    setup_cache: int = DEFAULT_SETUP_CACHE,
 ) -> Op:
     """Create a JAX op from a nonlinear function with its jvp and vjp.
 
@@ -313,6 +338,23 @@ def get_nonlinear_call(
     inplace : dict, optional
         ``{output index: argument index}``: output *i* is argument *j*
         updated in place (see :func:`jaxbind.get_linear_call`).
+    setup : callable, optional
+        ``setup(args, kwargs) -> state``: makes what ``f`` and its
+        derivatives need and should not make again (a factorization, a plan,
+        an integrator handle). It receives the call's primal inputs, fixed ones
+        included (read-only copies it may keep), and its kwargs (a dict);
+        ``f``, ``f_jvp`` and ``f_vjp`` are then called as ``f(out, args,
+        kwargs_dump, state)`` with the state made for the same primal inputs
+        and kwargs: ``jit(value_and_grad)`` makes one for the forward and the
+        vjp, ``jax.jacrev`` one for all its rows. It runs at most once per
+        distinct (inputs' values, kwargs) while the op keeps that state; a
+        state that is gone is made again, so results never depend on what was
+        kept. Python callbacks only (a native kernel is refused). See the
+        nonlinear guide.
+    setup_cache : int, default 8
+        The most states the op keeps (least recently used first out; freed
+        with the op). A vmapped gradient over B distinct inputs makes B states
+        in its forward walk and needs them in its vjp walk: keep at least B.
 
     Returns
     -------
@@ -331,14 +373,18 @@ def get_nonlinear_call(
         two entries is ``None``; if ``abstract_reverse`` is ``None`` while
         ``f_derivative`` is given, or given while ``f_derivative`` is
         ``None``; if ``n_residuals`` is not an integer; if ``func_can_batch``
-        or ``thread_safe`` is not a bool, or ``name`` is not a string.
+        or ``thread_safe`` is not a bool, or ``name`` is not a string; if
+        ``setup`` is given and is not callable, a callback is a native
+        kernel, or a Python callback cannot take the fourth argument,
+        ``state``.
     ValueError
         If ``n_residuals`` is negative; if ``name`` is empty; if
         ``first_n_args_fixed`` is not a non-negative integer; if
         ``vmap_method`` is not one of its three values, or is not
         ``"sequential"`` with ``func_can_batch=True``; if a native kernel is a
         null pointer or needs a name (as for
-        :func:`jaxbind.get_linear_call`).
+        :func:`jaxbind.get_linear_call`); if ``setup_cache`` is not a
+        positive integer.
 
     See Also
     --------
@@ -361,7 +407,8 @@ def get_nonlinear_call(
     >>> op = jaxbind.get_nonlinear_call(f, (f_jvp, f_vjp), abstract, abstract)
     >>> g = jax.grad(lambda x: jnp.sum(op(x)[0]))(jnp.linspace(0.0, 1.0, 5))
     """
-    f, name = named_callback(f, name)
+    parameters = callback_parameters(setup)
+    f, name = named_callback(f, name, parameters)
     check_callable(abstract, "abstract", name)
     first_n_args_fixed, func_can_batch, vmap_method = check_flags(
         name, first_n_args_fixed, func_can_batch, vmap_method)
@@ -374,8 +421,9 @@ def get_nonlinear_call(
                 f"jaxbind op '{name}': f_derivative is None (an op without derivatives) but "
                 "abstract_reverse is given; pass None for both, or give f_derivative=(f_jvp, f_vjp)."
             )
-        return Op(OpDef(OpKind.NONLINEAR, name, (forward,), first_n_args_fixed, func_can_batch, vmap_method,
-                        n_residuals, check_thread_safe(name, thread_safe), inplace=check_inplace(name, inplace)))
+        return Op(OpDef(OpKind.NONLINEAR, name, _stateful((forward,), setup, setup_cache, name), first_n_args_fixed,
+                        func_can_batch, vmap_method, n_residuals, check_thread_safe(name, thread_safe),
+                        inplace=check_inplace(name, inplace)))
     if not isinstance(f_derivative, (tuple, list)) or len(f_derivative) != 2:
         raise TypeError(
             f"jaxbind op '{name}': f_derivative must be a pair (f_jvp, f_vjp), or None for an op "
@@ -394,12 +442,19 @@ def get_nonlinear_call(
             "describes the outputs of f_vjp. (Pass None for both for an op without derivatives.)"
         )
     check_callable(abstract_reverse, "abstract_reverse", name)
-    f_jvp = as_callback(f_derivative[0], "f_jvp (f_derivative[0])", name)
-    f_vjp = as_callback(f_derivative[1], "f_vjp (f_derivative[1])", name)
+    f_jvp = as_callback(f_derivative[0], "f_jvp (f_derivative[0])", name, parameters)
+    f_vjp = as_callback(f_derivative[1], "f_vjp (f_derivative[1])", name, parameters)
     derivative = Family(
         callbacks=(f_vjp, f_jvp), abstracts=(abstract_reverse, abstract),
         kinds=(CallbackKind.VJP, CallbackKind.JVP), labels=("vjp callback", "jvp callback"), linear=True,
     )
-    return Op(OpDef(OpKind.NONLINEAR, name, (forward, derivative), first_n_args_fixed, func_can_batch,
-                    vmap_method, n_residuals, check_thread_safe(name, thread_safe),
-                    inplace=check_inplace(name, inplace)))
+    return Op(OpDef(OpKind.NONLINEAR, name, _stateful((forward, derivative), setup, setup_cache, name),
+                    first_n_args_fixed, func_can_batch, vmap_method, n_residuals,
+                    check_thread_safe(name, thread_safe), inplace=check_inplace(name, inplace)))
+
+
+def _stateful(families: tuple, setup, setup_cache, name: str) -> tuple:
+    """The families as given, or, with ``setup``, their callbacks sharing one cache of states."""
+    if setup is None:
+        return families
+    return with_state(families, setup, check_setup(name, setup, setup_cache, families), name)

@@ -11,17 +11,22 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ._definition import _name_of
-from ._native import as_kernel
+from ._native import NativeKernel, as_kernel
 
 __all__ = ["CALLBACK_PARAMETERS", "VMAP_METHODS", "arguments_hint", "as_callback", "callback_form_hint",
-           "check_callable", "check_flags", "check_inplace", "check_n_residuals", "check_thread_safe",
-           "drop_fixed_places", "named_callback"]
+           "callback_parameters", "check_callable", "check_flags", "check_inplace", "check_n_residuals",
+           "check_setup", "check_thread_safe", "drop_fixed_places", "named_callback"]
 
 # How a vmapped op hands its batch to the callbacks; the values and meaning of
 # jax.pure_callback's vmap_method (see _batching).
 VMAP_METHODS = ("sequential", "expand_dims", "broadcast_all")
-# What jaxbind calls a Python callback with, positionally.
+# What jaxbind calls a Python callback with, positionally (an op with setup= adds the state).
 CALLBACK_PARAMETERS = ("out", "args", "kwargs_dump")
+
+
+def callback_parameters(setup) -> tuple:
+    """What the callbacks of an op get: the state too when it has ``setup``."""
+    return CALLBACK_PARAMETERS + ("state",) if setup is not None else CALLBACK_PARAMETERS
 
 
 def as_callback(value, what: str, name: Optional[str], parameters: Sequence[str] = CALLBACK_PARAMETERS):
@@ -50,11 +55,13 @@ def as_callback(value, what: str, name: Optional[str], parameters: Sequence[str]
 
 def callback_form_hint(parameters: Sequence[str] = CALLBACK_PARAMETERS) -> str:
     """What a callback is, and where a function ``f(x) -> y`` goes instead (for messages)."""
+    state = (" With setup=, the fourth is the state setup made for the call's inputs."
+             if "state" in parameters else "")
     return (
         f"jaxbind calls a callback as f({', '.join(parameters)}), with {len(parameters)} positional "
         "arguments: it writes its results into the arrays of `out` (one per output the abstract "
-        "declares, e.g. out[0][...] = y), reads its inputs from the tuple `args` and returns None. "
-        "A function f(x) -> y (np.sin, say) is what jaxbind.pure_callback(f, result_shape_dtypes, "
+        "declares, e.g. out[0][...] = y), reads its inputs from the tuple `args` and returns None."
+        f"{state} A function f(x) -> y (np.sin, say) is what jaxbind.pure_callback(f, result_shape_dtypes, "
         "*args) takes."
     )
 
@@ -108,15 +115,35 @@ def check_callable(value, what: str, name: str):
         raise TypeError(f"jaxbind op '{name}': {what} must be callable, got {type(value).__name__}.")
 
 
-def named_callback(f, name):
+def named_callback(f, name, parameters: Sequence[str] = CALLBACK_PARAMETERS):
     """``f`` as a callback, and the op's name: ``name`` when given, else the name of ``f``."""
     if name is None:  # (the op is named after f: a kernel without a name of its own is refused)
-        f = as_callback(f, "f", None)
+        f = as_callback(f, "f", None, parameters)
         return f, _name_of(f)
     if not isinstance(name, str) or not name.strip():
         error = TypeError if not isinstance(name, str) else ValueError
         raise error(f"jaxbind op '{_name_of(f)}': name must be a non-empty string, got {name!r:.100}.")
-    return as_callback(f, "f", name), name
+    return as_callback(f, "f", name, parameters), name
+
+
+def check_setup(name: str, setup, setup_cache, families) -> int:
+    """``setup`` callable, every callback a Python one, ``setup_cache`` a positive int: the cache size."""
+    if not callable(setup):
+        raise TypeError(f"jaxbind op '{name}': setup must be a callable setup(args, kwargs) -> state, got "
+                        f"{type(setup).__name__}.")
+    for family in families:
+        for callback, label in zip(family.callbacks, family.labels):
+            if isinstance(callback, NativeKernel):
+                what = "f" if label == "forward" else f"the {label}"
+                raise TypeError(
+                    f"jaxbind op '{name}': setup is given, but {what} ('{_name_of(callback)}') is a native "
+                    "kernel, which takes no Python object: setup's state goes to Python callbacks only. "
+                    "Keep a native kernel's state on the C side (a handle passed as an int kwarg), or "
+                    "make the op without setup.")
+    if isinstance(setup_cache, (bool, np.bool_)) or not isinstance(setup_cache, numbers.Integral) or setup_cache < 1:
+        raise ValueError(f"jaxbind op '{name}': setup_cache must be a positive integer (the states the op "
+                         f"keeps), got {setup_cache!r:.100}.")
+    return int(setup_cache)
 
 
 def check_thread_safe(name: str, thread_safe) -> bool:

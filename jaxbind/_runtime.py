@@ -136,8 +136,13 @@ def format_callback_error(label: str, exc: BaseException, outs=None) -> str:
     declared), or None. A mistake with a likely cause gets a line that says it.
     """
     from ._arguments import arguments_hint  # (imported here: the error path only)
+    from ._state import SetupError
     from ._user_abstract import output_shape_hint
 
+    if isinstance(exc, SetupError) and exc.__cause__ is not None:  # the setup's own failure, its own frames
+        cause = exc.__cause__
+        frames = traceback.format_exception(type(cause), cause, cause.__traceback__)
+        return f"jaxbind {label}: {exc}\n" + "".join(frames).rstrip()
     frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
     hint = arguments_hint(exc) or output_shape_hint(exc, outs)
     return (

@@ -62,6 +62,7 @@ from ._batch_types import SelfBatch, WalkBatch, as_batch
 from ._definition import JaxbindError, OpDef, Role, dtype_name
 from ._kwargs import Kwargs, kernel_kwargs
 from ._native import NativeKernel
+from ._state import StatefulCallback, setup_inputs
 
 __all__ = ["SCHEMA", "SiteHandle", "check_program", "register_definition", "resolve", "site_for"]
 
@@ -300,6 +301,8 @@ def _register(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded, ke
                                            valid_levels)
     else:
         dump = kwargs.with_values(batch_axes=batch_axes).dump if can_batch else kwargs.dump
+        if isinstance(callback, StatefulCallback):  # called with the state for its leading inputs
+            callback = callback.bind(setup_inputs(role, len(avals_in)), can_batch)
         serial = _trampoline.register_site(key, text, role.label, callback, dump, *layout, 0, [],
                                            valid_levels, role.op.thread_safe)
     handle = SiteHandle(serial, key, text, callback, dump)

@@ -13,6 +13,7 @@ from ._numerics import (
     FLOOR, MEANINGFUL, _eps, _growth, _inexact, _nonfinite, _norm, _relative, _size, _wide, _Worst,
 )
 from .._op import Op
+from .._state import state_cache
 from ._batching import BatchingChecks
 from ._derivatives import DerivativeChecks
 from ._linear import LinearChecks
@@ -181,10 +182,39 @@ class Checker(LinearChecks, DerivativeChecks, BatchingChecks):
             self.summary.skip("derivatives (no argument after the fixed ones is float or complex)")
         else:
             self.check_jvp_and_vjp()
+        if state_cache(d) is not None:
+            self.check_state()
         if d.thread_safe:  # (first: a race also fails the vmap checks, with a message that names no cause)
             self.check_thread_safe()
         self.check_vmap()
         return self.summary
+
+    def check_state(self):
+        """An op with ``setup``: the same results whether its states were kept or made again."""
+        check, cache = "state: kept or made again", state_cache(self.definition)
+        cache.clear()
+        again = self.attempt(check, "the outputs", lambda: self.call(*self.args))
+        self.compare_all(check, "the outputs", again, self.outs, [o.dtype for o in self.outs],
+                         "the op gives other values once its states are made again")
+        if not (self.definition.has_derivatives and self.inexact_outputs and self.differentiable()):
+            return
+        wrt = self.differentiable()
+
+        def pulled(clear_between):
+            def partial(*diff):
+                full = list(self.args)
+                for i, v in zip(wrt, diff):
+                    full[i] = v
+                return [self.call(*full)[j] for j in self.inexact_outputs]
+            outs, pullback = jax.vjp(partial, *[self.args[i] for i in wrt])
+            if clear_between:  # the derivative runs without the state its forward made
+                cache.clear()
+            return pullback([jnp.ones_like(o) for o in outs])
+
+        kept = self.attempt(check, "the vjp", lambda: pulled(False))
+        remade = self.attempt(check, "the vjp", lambda: pulled(True))
+        self.compare_all(check, "the vjp", remade, kept, [self.args[i].dtype for i in wrt],
+                         "the vjp gives other values when its state is made again")
 
     def check_outputs(self):
         check = "outputs: abstract, fully written"

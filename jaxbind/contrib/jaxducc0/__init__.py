@@ -14,6 +14,10 @@ complex conjugation).
   ``vmap``; :func:`nalm`.
 - :func:`get_wgridder`: the radio-interferometric degridder image -> visibilities
   (``ducc0.wgridder.experimental.dirty2vis``, transpose from ``vis2dirty``).
+- :func:`nufft`: the non-uniform FFT from a uniform grid to points
+  (``ducc0.nufft.plan``'s ``u2nu``, transpose from its ``nu2u``), with a plan
+  made once per set of points by the op's ``setup`` and kept for its transpose
+  and later calls.
 
 The functions :func:`get_healpix_sht` and :func:`get_wgridder` return are
 ``functools.partial`` s of the ops :func:`healpix_sht` and :func:`wgridder`
@@ -37,12 +41,13 @@ import numpy as _np
 
 from ._common import _COMPLEX_OF, _REAL_OF
 from ._fft import c2c, genuine_fht
+from ._nufft import nufft
 from ._sht import alm2realalm, get_healpix_sht, healpix_sht, nalm, realalm2alm
 from ._wgridder import get_wgridder, wgridder
 
 __all__ = [
     "alm2realalm", "c2c", "genuine_fht", "get_healpix_sht", "get_wgridder", "healpix_sht", "nalm",
-    "realalm2alm", "wgridder",
+    "nufft", "realalm2alm", "wgridder",
 ]
 
 

@@ -1,0 +1,220 @@
+"""State an op's callbacks share (``setup=``): made once per distinct inputs and kwargs, kept in a bounded
+cache that is never the owner of a result.
+
+An op made with ``setup=S`` keeps one :class:`StateCache` for all its callbacks.
+Each Python callback is wrapped in a :class:`StatefulCallback`; a call site binds
+it to the number of its leading inputs that setup takes (the primals of a
+nonlinear op, the fixed arguments of a linear one: :func:`setup_inputs`). A call
+finds the state made for those inputs' exact bytes and the call's kwargs, or
+makes it with ``S(inputs, kwargs)``, and calls ``callback(out, args,
+kwargs_dump, state)``. A state that is gone (evicted, another process, an op
+made again) is made again: every value is computed from the call's own inputs,
+so it is the same.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import pickle
+import threading
+from typing import Callable
+
+import numpy as np
+
+from . import _trampoline
+from ._definition import JaxbindError, OpKind, _name_of
+
+__all__ = ["DEFAULT_SETUP_CACHE", "SetupError", "StateCache", "StatefulCallback", "setup_inputs", "state_cache",
+           "with_state"]
+
+# States an op keeps unless told otherwise: one input at a time needs one (the forward and its
+# derivatives share it); a vmapped gradient over B distinct inputs needs B (the forward walk makes
+# them, the vjp walk finds them); a state may be large (a factorization), so not many more.
+DEFAULT_SETUP_CACHE = 8
+
+
+class SetupError(JaxbindError):
+    """An op's ``setup`` raised (``__cause__``); the call's error names the op, its callback and setup."""
+
+
+class _Entry:
+    __slots__ = ("inputs", "state")
+
+    def __init__(self, inputs, state):
+        self.inputs, self.state = inputs, state
+
+
+class StateCache:
+    """The states of one op: at most ``size``, least recently used first out, found by exact bytes."""
+
+    def __init__(self, setup: Callable, size: int, op_name: str):
+        self.setup, self.size, self.op_name = setup, size, op_name
+        self._lock = threading.Lock()
+        self._entries: "collections.OrderedDict[tuple, list]" = collections.OrderedDict()
+        self._count = 0
+        self._making: dict = {}  # key -> (thread id, event): a setup running for that key
+        self._kwargs: dict = {}  # (kwargs_dump, n, can_batch) -> (key bytes, kwargs for setup)
+        self.setups = 0  # setups run (for tests and benchmarks)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def clear(self) -> None:
+        """Drop every kept state (each is made again when a call needs it)."""
+        with self._lock:
+            self._entries.clear()
+            self._count = 0
+
+    def state_for(self, inputs: tuple, kwargs_dump: bytes, can_batch: bool):
+        """The state made for ``inputs``' bytes and the kwargs, made now if none is kept."""
+        kwargs_key, kwargs = self._kwargs_of(kwargs_dump, len(inputs), can_batch)
+        key = (_trampoline.fingerprint(inputs), kwargs_key)
+        me = threading.get_ident()
+        while True:
+            with self._lock:
+                entry = self._find(key, inputs)
+                if entry is not None:
+                    return entry.state
+                making = self._making.get(key)
+                if making is None or making[0] == me:  # (a setup that calls its own op makes its own)
+                    event = threading.Event()
+                    self._making[key] = (me, event)
+                    break
+            making[1].wait()  # the same inputs' setup on another thread: its state may be this one's
+        try:
+            copies = tuple(_kept_copy(a) for a in inputs)
+            state = self._run_setup(copies, kwargs)
+            with self._lock:
+                self._keep(key, _Entry(copies, state))
+            return state
+        finally:
+            with self._lock:
+                if self._making.get(key) == (me, event):
+                    del self._making[key]
+            event.set()
+
+    def _find(self, key, inputs):
+        entries = self._entries.get(key)
+        if entries:
+            for entry in entries:
+                if _trampoline.same_bytes(entry.inputs, inputs):
+                    self._entries.move_to_end(key)
+                    return entry
+        return None
+
+    def _keep(self, key, entry) -> None:
+        self._entries.setdefault(key, []).append(entry)
+        self._entries.move_to_end(key)
+        self._count += 1
+        while self._count > self.size:
+            oldest = next(iter(self._entries))
+            entries = self._entries[oldest]
+            entries.pop(0)
+            if not entries:
+                del self._entries[oldest]
+            self._count -= 1
+
+    def _run_setup(self, inputs, kwargs):
+        self.setups += 1
+        try:
+            return self.setup(inputs, dict(kwargs))
+        except Exception as err:
+            raise SetupError(f"its setup '{_name_of(self.setup)}' raised {type(err).__name__}: {err}") from err
+
+    def _kwargs_of(self, kwargs_dump: bytes, n: int, can_batch: bool):
+        """The kwargs' part of a state's key and the kwargs setup gets (read once per dump).
+
+        With ``func_can_batch`` the dump holds the call's ``batch_axes``: setup gets, and the key
+        holds, those of its own inputs only (the tangents' or cotangents' axes change nothing a
+        state depends on).
+        """
+        memo = (kwargs_dump, n, can_batch)
+        found = self._kwargs.get(memo)
+        if found is None:
+            kwargs = pickle.loads(kwargs_dump)
+            key = kwargs_dump
+            if can_batch:
+                axes = kwargs.pop("batch_axes", None)
+                kwargs["batch_axes"] = None if axes is None else tuple(axes[:n])
+                key = pickle.dumps(sorted(kwargs.items()), protocol=pickle.HIGHEST_PROTOCOL)
+            if len(self._kwargs) >= 256:  # (one entry per call site: bounded for long-lived ops)
+                self._kwargs.clear()
+            found = self._kwargs[memo] = (key, kwargs)
+        return found
+
+
+def _kept_copy(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous, read-only copy of an input: compared with later calls' inputs, and what setup
+    gets (which it may keep, unlike the views a callback gets)."""
+    copy = np.array(array, order="C", copy=True)
+    copy.flags.writeable = False
+    return copy
+
+
+class StatefulCallback:
+    """A Python callback of an op with ``setup``, called with the state as its fourth argument.
+
+    Equal for the same callback, setup and cache size (so that equal ops stay
+    equal and share compiled code); the cache is the op's. :meth:`bind` gives the
+    callable a call site registers.
+    """
+
+    __slots__ = ("callback", "cache")
+
+    def __init__(self, callback: Callable, cache: StateCache):
+        self.callback, self.cache = callback, cache
+
+    @property
+    def __name__(self) -> str:  # (the labels in messages name the user's callback)
+        return _name_of(self.callback)
+
+    def _key(self):
+        return (self.callback, self.cache.setup, self.cache.size)
+
+    def __eq__(self, other):
+        return type(other) is StatefulCallback and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        return f"<{_name_of(self.callback)} with setup {_name_of(self.cache.setup)}>"
+
+    def bind(self, n_inputs: int, can_batch: bool) -> Callable:
+        """The callable ``(out, args, kwargs_dump)`` a call site runs: setup takes ``args[:n_inputs]``."""
+        callback, state_for = self.callback, self.cache.state_for
+
+        def with_state(out, args, kwargs_dump):
+            callback(out, args, kwargs_dump, state_for(args[:n_inputs], kwargs_dump, can_batch))
+
+        with_state.__name__ = _name_of(callback)
+        return with_state
+
+
+def setup_inputs(role, n_in: int) -> int:
+    """How many of a call's leading inputs setup takes: a nonlinear op's primals (the forward's every
+    input; the derivatives' fixed arrays but the residuals), a linear or multilinear op's fixed
+    arguments."""
+    op = role.op
+    if op.kind is not OpKind.NONLINEAR:
+        return role.n_fixed
+    if role.is_derivative:
+        return role.n_fixed - op.n_residuals
+    return n_in
+
+
+def with_state(families: tuple, setup, size: int, op_name: str) -> tuple:
+    """The families of an op made with ``setup``: every callback wrapped, all sharing one cache."""
+    cache = StateCache(setup, size, op_name)
+    return tuple(dataclasses.replace(family, callbacks=tuple(StatefulCallback(cb, cache) for cb in family.callbacks))
+                 for family in families)
+
+
+def state_cache(definition):
+    """The cache of states of an op made with ``setup``, or None."""
+    for family in definition.families:
+        for callback in family.callbacks:
+            if isinstance(callback, StatefulCallback):
+                return callback.cache
+    return None
