@@ -1,7 +1,7 @@
 """Run the benchmarks the documentation's figures are drawn from, and keep their results.
 
 Run:  python bench/collect.py [--jaxbind131-python /work/venv-jaxbind131/bin/python] [--quick] [--pairs 3]
-                              [--only overhead,numba,thread_safe,scaling,solvers] [--out bench/results]
+                              [--only overhead,numba,thread_safe,scaling,solvers,setup] [--out bench/results]
 then: python bench/figures.py
 
 Each benchmark runs as its own process, one after the other, from a temporary directory
@@ -82,7 +82,7 @@ def main():
     parser.add_argument("--jaxbind131-python", default="/work/venv-jaxbind131/bin/python",
                         help="the Python of a venv with jaxbind==1.3.1 (see bench/jaxbind131.py)")
     parser.add_argument("--quick", action="store_true", help="the benchmarks' --quick modes (not for the figures)")
-    parser.add_argument("--only", default="overhead,numba,thread_safe,scaling,solvers")
+    parser.add_argument("--only", default="overhead,numba,thread_safe,scaling,solvers,setup")
     parser.add_argument("--pairs", type=int, default=3,
                         help="how many times overhead.py and jaxbind131.py each run, taking turns")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -98,6 +98,7 @@ def main():
         "thread_safe": [("thread_safe", me, "thread_safe.py", quick)],
         "scaling": [("scaling", me, "scaling.py", quick)],
         "solvers": [("solvers", me, "solvers.py", quick)],
+        "setup": [("setup", me, "setup_state.py", quick)],
     }
     wanted = [g for g in options.only.split(",") if g]
     unknown = set(wanted) - set(groups)
