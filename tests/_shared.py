@@ -78,3 +78,18 @@ def checking_unwritten():
         yield
     finally:
         jaxbind.config.check_unwritten = before
+
+
+class Planted:
+    """A value whose unpickling runs code (it calls :func:`plant`): what a forged program's kwargs
+    must never get to do. ``Planted.called`` says whether it did."""
+
+    called = False
+
+    def __reduce__(self):
+        return (plant, ())
+
+
+def plant():
+    Planted.called = True
+    return 0

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import jaxbind
+from _shared import Planted
 from jaxbind import _kwargs, _sites, _trampoline
 from jaxbind._runtime import TARGET
 
@@ -93,28 +94,16 @@ def test_forged_and_foreign_programs_are_errors_naming_the_op():
         call_forged("{not json")
 
 
-class _Planted:
-    called = False
-
-    def __reduce__(self):
-        return (_plant, ())
-
-
-def _plant():
-    _Planted.called = True
-    return 0
-
-
 def test_kwargs_from_a_program_are_plain_data_only():
     op = make_op("plain_kwargs")
     (text, _), = description_of(lambda v: op(v)[0], jnp.ones(2, jnp.float32))
     description = json.loads(text)
     del description["index"]
-    evil = pickle.dumps({"factor": _Planted()})
+    evil = pickle.dumps({"factor": Planted()})
     description["kwargs"] = __import__("base64").b64encode(evil).decode()
     with pytest.raises(Exception, match="plain data"):
         call_forged(json.dumps(description, sort_keys=True, separators=(",", ":")))
-    assert not _Planted.called
+    assert not Planted.called
     # numbers, arrays and containers do travel
     fine = {"a": [1, 2.5, 3j], "b": np.arange(3), "c": {"d": (None, True)}, "e": np.float32(2)}
     assert _kwargs.load_plain(pickle.dumps(fine), "op 'x'")["b"].tolist() == [0, 1, 2]

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import jaxbind
+from _shared import Planted
 from jaxbind import _sites
 
 like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
@@ -111,18 +112,6 @@ def test_a_program_runs_only_the_site_its_description_names():
     assert secret_calls == [(2, 4)] and pub_calls == []
 
 
-class _Planted:
-    called = False
-
-    def __reduce__(self):
-        return (_plant, ())
-
-
-def _plant():
-    _Planted.called = True
-    return 0
-
-
 def test_trust_in_a_programs_kwargs_is_not_decided_by_a_public_digest(monkeypatch):
     # An attacker who can find descriptions with a given key (emulated: a key function with
     # collisions everywhere) forges one with a full pickle under the key of a site this process
@@ -143,10 +132,10 @@ def test_trust_in_a_programs_kwargs_is_not_decided_by_a_public_digest(monkeypatc
     gc.collect()
     assert 0x5EC2E7 in _sites._made_here and 0x5EC2E7 not in _sites._live
     description = json.loads(_calls(exported)[0][0])
-    description["kwargs"] = base64.b64encode(pickle.dumps({"factor": _Planted()})).decode()
+    description["kwargs"] = base64.b64encode(pickle.dumps({"factor": Planted()})).decode()
     with pytest.raises(Exception, match="plain data"):
         _forged(exported, description=_encode(description), key=0x5EC2E7).call(x)
-    assert not _Planted.called
+    assert not Planted.called
 
 
 def _with_kwargs(exported, dump):
