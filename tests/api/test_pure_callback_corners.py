@@ -223,8 +223,9 @@ DTYPES = textwrap.dedent("""
 """)
 
 
-def test_results_carry_numpys_own_dtype_objects():
-    code, out, err = _subprocesses.run([sys.executable, "-c", DTYPES], 300, "the dtypes script")
+def test_results_carry_numpys_own_dtype_objects(tmp_path):
+    # (run from elsewhere: in the repository the source folder jaxbind/ would shadow the installed package)
+    code, out, err = _subprocesses.run([sys.executable, "-c", DTYPES], 300, "the dtypes script", cwd=tmp_path)
     assert code == 0, err[-4000:]
     same = json.loads(out.strip().splitlines()[-1])
     assert same == {key: [True, True] for key in same} and len(same) == 12
@@ -421,10 +422,11 @@ IN_FLIGHT = textwrap.dedent("""
 """)
 
 
-def test_a_program_queued_by_a_dropped_jit_still_finds_its_callback():
+def test_a_program_queued_by_a_dropped_jit_still_finds_its_callback(tmp_path):
     env = _subprocesses.environment()
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4".strip()
-    code, out, err = _subprocesses.run([sys.executable, "-c", IN_FLIGHT], 300, "the in-flight script", env=env)
+    code, out, err = _subprocesses.run([sys.executable, "-c", IN_FLIGHT], 300, "the in-flight script", env=env,
+                                       cwd=tmp_path)
     assert code == 0, err[-4000:]
     results = json.loads(out.strip().splitlines()[-1])
     assert results["jaxbind"] == results["jax"]
