@@ -14,6 +14,10 @@ two_dtypes = pytest.mark.parametrize(
     "dtype", [np.dtype(np.float32), np.dtype(np.complex128)], ids=lambda d: d.name
 )
 
+# The calls that the callbacks of a test module record, for the test to count or inspect; the ``calls``
+# fixture (conftest.py) empties it before and after each test of a module that uses it.
+CALLS = []
+
 
 def squared_norm(y):
     """A real-valued loss, so that ``jax.grad`` accepts complex ops too."""

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import _kernels
+from _shared import CALLS
 
 jax.config.update("jax_enable_x64", True)
 
@@ -74,3 +75,12 @@ def kernels():
 
     Modules that make ops at import call ``_kernels.load()`` (the same library)."""
     return _kernels.load()
+
+
+@pytest.fixture
+def calls():
+    """``_shared.CALLS``, the calls the test module's callbacks record, empty at the start and the end of
+    the test. Modules whose callbacks record use it in every test (``pytest.mark.usefixtures``)."""
+    CALLS.clear()
+    yield CALLS
+    CALLS.clear()

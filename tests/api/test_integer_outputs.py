@@ -18,15 +18,10 @@ import numpy as np
 import pytest
 
 import jaxbind
+from _shared import CALLS
 
-CALLS = []
-
-
-@pytest.fixture(autouse=True)
-def calls():
-    CALLS.clear()
-    yield CALLS
-    CALLS.clear()
+# The callbacks below record their calls in _shared.CALLS, emptied around each test (the calls fixture).
+pytestmark = pytest.mark.usefixtures("calls")
 
 
 def sqrt_counted(out, args, kwargs_dump):

@@ -21,15 +21,11 @@ import numpy as np
 import pytest
 
 import jaxbind
+from _shared import CALLS
 
-CALLS = []  # (callback name, [(shape, dtype) of each argument])
-
-
-@pytest.fixture(autouse=True)
-def calls():
-    CALLS.clear()
-    yield CALLS
-    CALLS.clear()
+# The callbacks below record (callback name, [(shape, dtype) of each argument]) in _shared.CALLS, emptied
+# around each test (the calls fixture).
+pytestmark = pytest.mark.usefixtures("calls")
 
 
 def count(name):

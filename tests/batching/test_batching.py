@@ -17,16 +17,11 @@ import numpy as np
 import pytest
 
 import jaxbind
+from _shared import CALLS
 
-# Calls recorded by the callbacks below: (callback name, details).
-CALLS = []
-
-
-@pytest.fixture(autouse=True)
-def calls():
-    CALLS.clear()
-    yield CALLS
-    CALLS.clear()
+# The callbacks below record (callback name, details) in _shared.CALLS, emptied around each test (the
+# calls fixture).
+pytestmark = pytest.mark.usefixtures("calls")
 
 
 def names(calls):

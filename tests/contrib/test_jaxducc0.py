@@ -1,4 +1,4 @@
-"""jaxbind.contrib.jaxducc0: ducc0's transforms as jaxbind ops, against ducc0 called directly."""
+"""jaxbind.contrib.jaxducc0: ducc0's transforms as ops with Python callbacks, against ducc0 called directly."""
 
 import contextlib
 import subprocess
@@ -47,39 +47,30 @@ FFT_CASES = [  # shape, kwargs
 ]
 
 
-@pmp("dtype", COMPLEX, ids=DTYPE_ID)
-@pmp("shape,kw", FFT_CASES)
-def test_c2c(shape, kw, dtype, rand, tol, check_grads):
-    x = rand(*shape, dtype=dtype)
-    want = ducc0.fft.c2c(x, **kw)
-    (y,) = jaxducc0.c2c(x, **kw)
-    assert y.dtype == dtype and y.shape == shape
-    assert_allclose(y, want, **tol)
-    (yj,) = jax.jit(lambda v: jaxducc0.c2c(v, **kw))(x)
-    assert_allclose(yj, want, **tol)
-    # The transpose is the same transform (the DFT matrix is symmetric).
-    ct = rand(*shape, dtype=dtype)
-    (xt,) = jax.linear_transpose(lambda v: jaxducc0.c2c(v, **kw)[0], x)(ct)
-    assert_allclose(xt, ducc0.fft.c2c(ct, **kw), **tol)
-    jaxbind.testing.check_op(jaxducc0.c2c, x, **kw)
-    check_grads(lambda v: jaxducc0.c2c(v, **kw)[0], (x,), order=2, modes=("fwd", "rev"))
+FFTS = [  # name, the op, ducc0's function, its dtypes, its cases (shape, kwargs)
+    ("c2c", jaxducc0.c2c, ducc0.fft.c2c, COMPLEX, FFT_CASES),
+    ("genuine_fht", jaxducc0.genuine_fht, ducc0.fft.genuine_fht, FLOAT,
+     [FFT_CASES[0], ((3, 4, 5), dict(axes=(0, 2), inorm=1))]),
+]
 
 
-@pmp("dtype", FLOAT, ids=DTYPE_ID)
-@pmp("shape,kw", [FFT_CASES[0], ((3, 4, 5), dict(axes=(0, 2), inorm=1))])
-def test_genuine_fht(shape, kw, dtype, rand, tol, check_grads):
+@pmp("op,ref,shape,kw,dtype", [
+    pytest.param(op, ref, shape, kw, dtype, id=f"{name}-{'x'.join(map(str, shape))}-{dtype.name}")
+    for name, op, ref, dtypes, cases in FFTS for shape, kw in cases for dtype in dtypes])
+def test_fft(op, ref, shape, kw, dtype, rand, tol, check_grads):
     x = rand(*shape, dtype=dtype)
-    want = ducc0.fft.genuine_fht(x, **kw)
-    (y,) = jaxducc0.genuine_fht(x, **kw)
+    want = ref(x, **kw)
+    (y,) = op(x, **kw)
     assert y.dtype == dtype and y.shape == shape
     assert_allclose(y, want, **tol)
-    (yj,) = jax.jit(lambda v: jaxducc0.genuine_fht(v, **kw))(x)
+    (yj,) = jax.jit(lambda v: op(v, **kw))(x)
     assert_allclose(yj, want, **tol)
+    # The transpose is the same transform (the DFT and Hartley matrices are symmetric).
     ct = rand(*shape, dtype=dtype)
-    (xt,) = jax.linear_transpose(lambda v: jaxducc0.genuine_fht(v, **kw)[0], x)(ct)
-    assert_allclose(xt, ducc0.fft.genuine_fht(ct, **kw), **tol)
-    jaxbind.testing.check_op(jaxducc0.genuine_fht, x, **kw)
-    check_grads(lambda v: jaxducc0.genuine_fht(v, **kw)[0], (x,), order=2, modes=("fwd", "rev"))
+    (xt,) = jax.linear_transpose(lambda v: op(v, **kw)[0], x)(ct)
+    assert_allclose(xt, ref(ct, **kw), **tol)
+    jaxbind.testing.check_op(op, x, **kw)
+    check_grads(lambda v: op(v, **kw)[0], (x,), order=2, modes=("fwd", "rev"))
 
 
 def test_fht_is_fft_real_minus_imag(rand):
