@@ -18,12 +18,16 @@ __all__ = ["Variant"]
 
 class Variant:
     """``fn`` for one combination of dtypes, ranks and kwargs, behind the kernel signature:
-    one cfunc that makes the arrays and the kwargs from the call and calls fn through the guard."""
+    one cfunc that makes the arrays and the kwargs from the call and calls fn through the guard.
+
+    Found by its id in :data:`REPORTS` (for the name in its error messages) while it lives.
+    """
 
     def __init__(self, program, in_sig: tuple, out_sig: tuple, kwargs: tuple):
         m = machinery()
         n_in = len(in_sig)
         where = f"numba kernel '{program.fn_name}'"
+        self.fn_name = program.fn_name
         dtypes = _numpy_dtypes(in_sig + out_sig, n_in, where)
         ranks = [rank for _, rank in in_sig + out_sig]
         self.description = ", ".join(f"{_argument_label(k, n_in)}: {dtypes[k].name}[{ranks[k]}d]"
@@ -31,7 +35,6 @@ class Variant:
         self.in_tables = set()  # ids of the entries whose table has this variant
         _check_kwarg_types(kwargs, where)
         self.id = new_variant_id()
-        REPORTS[self.id] = program.fn_name
         self._texts = []  # the messages and names the compiled code reads by address
         mismatch = text_source(f"{where}: the call does not match the signature it was compiled for "
                                f"({self.description}); a jaxbind bug", self._texts)
@@ -52,6 +55,7 @@ class Variant:
         except Exception as err:
             raise RuntimeError(_compile_error(program.fn_name, self.description, kwargs, err)) from None
         self.address = self.cfunc.address
+        REPORTS[self.id] = self  # (a weak table: the row goes with the variant)
 
 
 def _argument_label(k: int, n_in: int) -> str:
