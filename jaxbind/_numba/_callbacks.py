@@ -3,7 +3,9 @@ of a kernel's exception; and the flag that stops both once Python is exiting.
 
 The compiled code finds them by address (:data:`HOOK_ADDRESS`, ``id(report)``,
 :data:`EXITING`), and finds the objects they act on by number: an entry's id
-in :data:`ENTRIES`, a variant's in :data:`REPORTS`.
+in :data:`ENTRIES`, a variant's in :data:`REPORTS`. Both tables hold their
+objects weakly: an entry or a variant leaves its table when it is freed (with
+its kernel), so that a process that makes and drops kernels does not grow them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ __all__ = ["ENTRIES", "EXITING", "HOOK_ADDRESS", "REPORTS", "new_entry_id", "new
 
 EXITING = np.zeros(1, np.int64)  # set at exit: the compiled code then calls no Python
 ENTRIES: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()  # entry id -> Entry
-REPORTS = {}  # variant id -> the name of its function, for messages
+REPORTS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()  # variant id -> Variant
 new_entry_id = itertools.count(1).__next__
 new_variant_id = itertools.count(1).__next__
 
@@ -54,7 +56,8 @@ def report(exc_type, exc_value, call_address, variant_id):
             exc = exc_type(*args)
         except Exception:
             exc = None
-    name = REPORTS.get(variant_id, "?")
+    # (found: a variant's code runs only while its kernel, and so the variant, is alive)
+    name = getattr(REPORTS.get(variant_id), "fn_name", "?")
     if exc is None:
         text = f"numba kernel '{name}' raised an exception"
     else:

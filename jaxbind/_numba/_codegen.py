@@ -20,7 +20,7 @@ from ._call_struct import ARRAY, ARRAY_WORDS, CALL, CALL_WORDS, KWARG, KWARG_WOR
 from ._callbacks import EXITING, HOOK_ADDRESS, report
 from ._checks import numba_or_raise, object_mode_refusal
 
-__all__ = ["TABLE_WORDS", "machinery", "text_source"]
+__all__ = ["TABLE_WORDS", "guard", "machinery", "read_only", "text_source"]
 
 TABLE_WORDS = 4096  # an entry's table (signatures past it are found by the hook, slowly)
 
@@ -37,11 +37,21 @@ def machinery() -> dict:
 
 
 def _make_machinery() -> dict:
+    """The names the generated code uses, and the generic entry compiled from them."""
     numba = numba_or_raise()
-    import llvmlite.binding as llvm
-    from llvmlite import ir
     from numba import carray, types
-    from numba.core import cgutils
+
+    namespace = dict(numba=numba, carray=carray, types=types, np=np, **_pointer_intrinsics())
+    namespace.update(_struct_helpers(namespace["_ptr"]))
+    texts = []
+    entry = _compile_entry(namespace, texts)
+    return dict(namespace, guard=guard, entry=entry, texts=texts, read_only=read_only)
+
+
+def _pointer_intrinsics() -> dict:
+    """``_ptr`` (an int64 address as a pointer), ``_call_kernel`` and ``_call_hook`` (calls by address)."""
+    from llvmlite import ir
+    from numba import types
     from numba.extending import intrinsic
 
     @intrinsic
@@ -68,6 +78,14 @@ def _make_machinery() -> dict:
             return builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [args[1], args[2]])
 
         return types.int64(types.int64, types.int64, types.voidptr), codegen
+
+    return dict(_ptr=_ptr, _call_kernel=_call_kernel, _call_hook=_call_hook)
+
+
+def _struct_helpers(_ptr) -> dict:
+    """``_fail`` (a message into the call's error buffer) and ``_find`` (a kwarg's index by name)."""
+    numba = numba_or_raise()
+    from numba import carray
 
     error_word, error_size_word, name_word = CALL["error"], CALL["error_size"], KWARG["name"]
 
@@ -104,86 +122,126 @@ def _make_machinery() -> dict:
                 return k
         return -1
 
-    def _read_only(tuple_type):
-        """A tuple (or named tuple) type with its array members read-only."""
-        members = [t.copy(readonly=True) if isinstance(t, types.Array) else t for t in tuple_type]
-        if isinstance(tuple_type, (types.NamedTuple, types.NamedUniTuple)):
-            return types.BaseTuple.from_types(members, tuple_type.instance_class)
-        return types.BaseTuple.from_types(members)
+    return dict(_fail=_fail, _find=_find)
 
-    def guard(dispatcher, variant_id):
-        """An intrinsic ``guarded(call, out, args, kwargs) -> int32`` that calls ``dispatcher`` (fn)
-        and returns 0, or, when fn raised, writes its message to the call's error buffer (taking
-        the GIL for that only) and returns 1; 2 (no message) when Python is exiting."""
 
-        # numba keeps every intrinsic in its registries for the process: this one holds fn's
-        # dispatcher only weakly (it needs it while the variant compiles), so that a freed
-        # kernel's function, and whatever it captured, can go.
-        dispatcher_ref = weakref.ref(dispatcher)
-        del dispatcher
+def read_only(tuple_type):
+    """A tuple (or named tuple) type with its array members read-only."""
+    from numba import types
 
-        @intrinsic
-        def guarded(typingctx, call, out, args, kwargs):
-            dispatcher = dispatcher_ref()
-            # fn sees its inputs and kwargs as read-only arrays (the same data model as the
-            # writable arrays the variant makes, so the values pass as they are): an input is
-            # XLA's buffer, perhaps the caller's jax.Array, and an array kwarg is shared by
-            # every call with an equal kwarg. A write into one fails to compile, with numba's message.
-            argtypes = (out, _read_only(args), _read_only(kwargs))
-            dispatcher.compile(argtypes)  # (numba's own errors, e.g. typing, surface here)
-            compiled = dispatcher.overloads[argtypes]
-            if compiled.objectmode:  # (the kernel's form was checked when it was made; this is the last word)
-                raise TypeError(object_mode_refusal(dispatcher.py_func))
-            # fn is called by the address of its compiled code, as an external symbol: not
-            # linked into (and optimized again with) every variant
-            symbol = f"jaxbind_numba_fn_{variant_id}"
-            llvm.add_symbol(symbol, compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name))
-            restype, fn_argtypes = compiled.signature.return_type, compiled.signature.args
+    members = [t.copy(readonly=True) if isinstance(t, types.Array) else t for t in tuple_type]
+    if isinstance(tuple_type, (types.NamedTuple, types.NamedUniTuple)):
+        return types.BaseTuple.from_types(members, tuple_type.instance_class)
+    return types.BaseTuple.from_types(members)
 
-            def codegen(context, builder, signature, llargs):
-                callee = cgutils.get_or_insert_function(
-                    builder.module, context.call_conv.get_function_type(restype, fn_argtypes), symbol)
-                status, _ = context.call_conv.call_function(builder, callee, restype, fn_argtypes, llargs[1:])
-                i64, i32 = ir.IntType(64), ir.IntType(32)
-                result = cgutils.alloca_once_value(builder, ir.Constant(i32, 0))
-                with builder.if_then(status.is_error, likely=False):
-                    exiting_at = ir.Constant(i64, EXITING.ctypes.data).inttoptr(i64.as_pointer())
-                    exiting = builder.icmp_signed("!=", builder.load(exiting_at), ir.Constant(i64, 0))
-                    with builder.if_else(exiting) as (then, otherwise):
-                        with then:
-                            builder.store(ir.Constant(i32, 2), result)
-                        with otherwise:
-                            builder.store(ir.Constant(i32, 1), result)
-                            pyapi = context.get_python_api(builder)
-                            gil = pyapi.gil_ensure()
-                            context.call_conv.raise_error(builder, pyapi, status)
-                            slots = [cgutils.alloca_once(builder, pyapi.pyobj) for _ in range(3)]
-                            pyapi.err_fetch(*slots)
-                            exc_type, exc_value, traceback = (builder.load(slot) for slot in slots)
-                            none = pyapi.borrow_none()
-                            objects = [builder.select(cgutils.is_null(builder, obj), none, obj)
-                                       for obj in (exc_type, exc_value)]
-                            objects.append(pyapi.long_from_longlong(builder.ptrtoint(llargs[0], i64)))
-                            objects.append(pyapi.long_from_longlong(ir.Constant(i64, variant_id)))
-                            reporter = ir.Constant(i64, id(report)).inttoptr(pyapi.pyobj)
-                            done = pyapi.call_function_objargs(reporter, objects)
-                            for obj in [done, exc_type, exc_value, traceback] + objects[2:]:
-                                pyapi.decref(obj)  # (Py_DecRef: NULL-safe)
-                            pyapi.err_clear()
-                            pyapi.gil_release(gil)
-                return builder.load(result)
 
-            return types.int32(call, out, args, kwargs), codegen
+def guard(dispatcher, variant_id: int):
+    """An intrinsic ``guarded(call, out, args, kwargs) -> int32`` that calls ``dispatcher`` (fn)
+    and returns 0, or, when fn raised, writes its message to the call's error buffer (taking
+    the GIL for that only) and returns 1; 2 (no message) when Python is exiting."""
+    from numba import types
+    from numba.extending import intrinsic
 
-        return guarded
+    # numba keeps every intrinsic in its registries for the process: this one holds fn's
+    # dispatcher only weakly (it needs it while the variant compiles), so that a freed
+    # kernel's function, and whatever it captured, can go.
+    dispatcher_ref = weakref.ref(dispatcher)
+    del dispatcher
 
-    namespace = dict(numba=numba, carray=carray, types=types, np=np, _ptr=_ptr, _call_kernel=_call_kernel,
-                     _call_hook=_call_hook, _fail=_fail, _find=_find)
-    # The entry all call sites run (through a trampoline naming its table): finds the call's
-    # signature in the table, or asks the hook for it.
-    texts = []
+    @intrinsic
+    def guarded(typingctx, call, out, args, kwargs):
+        # fn sees its inputs and kwargs as read-only arrays (the same data model as the
+        # writable arrays the variant makes, so the values pass as they are): an input is
+        # XLA's buffer, perhaps the caller's jax.Array, and an array kwarg is shared by
+        # every call with an equal kwarg. A write into one fails to compile, with numba's message.
+        argtypes = (out, read_only(args), read_only(kwargs))
+        symbol, restype, fn_argtypes = _link_compiled_fn(dispatcher_ref(), argtypes, variant_id)
+
+        def codegen(context, builder, signature, llargs):
+            return _emit_guarded_call(context, builder, llargs, symbol, restype, fn_argtypes, variant_id)
+
+        return types.int32(call, out, args, kwargs), codegen
+
+    return guarded
+
+
+def _link_compiled_fn(dispatcher, argtypes: tuple, variant_id: int):
+    """fn compiled for ``argtypes``, made an external symbol; returns (symbol, return type, argument types)."""
+    import llvmlite.binding as llvm
+
+    dispatcher.compile(argtypes)  # (numba's own errors, e.g. typing, surface here)
+    compiled = dispatcher.overloads[argtypes]
+    if compiled.objectmode:  # (the kernel's form was checked when it was made; this is the last word)
+        raise TypeError(object_mode_refusal(dispatcher.py_func))
+    # fn is called by the address of its compiled code, as an external symbol: not
+    # linked into (and optimized again with) every variant
+    symbol = f"jaxbind_numba_fn_{variant_id}"
+    llvm.add_symbol(symbol, compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name))
+    return symbol, compiled.signature.return_type, compiled.signature.args
+
+
+def _emit_guarded_call(context, builder, llargs, symbol, restype, fn_argtypes, variant_id: int):
+    """The IR of the guard: call fn by ``symbol``; on an error status, 2 if Python is exiting, else
+    report the exception and 1; 0 otherwise."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    callee = cgutils.get_or_insert_function(
+        builder.module, context.call_conv.get_function_type(restype, fn_argtypes), symbol)
+    status, _ = context.call_conv.call_function(builder, callee, restype, fn_argtypes, llargs[1:])
+    i64, i32 = ir.IntType(64), ir.IntType(32)
+    result = cgutils.alloca_once_value(builder, ir.Constant(i32, 0))
+    with builder.if_then(status.is_error, likely=False):
+        exiting_at = ir.Constant(i64, EXITING.ctypes.data).inttoptr(i64.as_pointer())
+        exiting = builder.icmp_signed("!=", builder.load(exiting_at), ir.Constant(i64, 0))
+        with builder.if_else(exiting) as (then, otherwise):
+            with then:
+                builder.store(ir.Constant(i32, 2), result)
+            with otherwise:
+                builder.store(ir.Constant(i32, 1), result)
+                _emit_report(context, builder, status, llargs[0], variant_id)
+    return builder.load(result)
+
+
+def _emit_report(context, builder, status, call, variant_id: int) -> None:
+    """The IR that, with the GIL, raises fn's exception from ``status`` and hands it to :func:`report`."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    i64 = ir.IntType(64)
+    pyapi = context.get_python_api(builder)
+    gil = pyapi.gil_ensure()
+    context.call_conv.raise_error(builder, pyapi, status)
+    slots = [cgutils.alloca_once(builder, pyapi.pyobj) for _ in range(3)]
+    pyapi.err_fetch(*slots)
+    exc_type, exc_value, traceback = (builder.load(slot) for slot in slots)
+    none = pyapi.borrow_none()
+    objects = [builder.select(cgutils.is_null(builder, obj), none, obj) for obj in (exc_type, exc_value)]
+    objects.append(pyapi.long_from_longlong(builder.ptrtoint(call, i64)))
+    objects.append(pyapi.long_from_longlong(ir.Constant(i64, variant_id)))
+    reporter = ir.Constant(i64, id(report)).inttoptr(pyapi.pyobj)
+    done = pyapi.call_function_objargs(reporter, objects)
+    for obj in [done, exc_type, exc_value, traceback] + objects[2:]:
+        pyapi.decref(obj)  # (Py_DecRef: NULL-safe)
+    pyapi.err_clear()
+    pyapi.gil_release(gil)
+
+
+def _compile_entry(namespace: dict, texts: list):
+    """The generic entry all call sites run (through a trampoline naming its table), compiled: it finds
+    the call's signature in the table, or asks the hook for it."""
+    numba = numba_or_raise()
+    from numba import types
+
     exiting = text_source("numba kernel: not compiled for this call's signature, and Python is exiting", texts)
-    source = f"""
+    scope = dict(namespace)
+    exec(compile(_entry_source(exiting), "<jaxbind numba entry>", "exec"), scope)
+    return numba.cfunc(types.int32(types.voidptr, types.int64, types.int64), nopython=True)(scope["entry"])
+
+
+def _entry_source(exiting: str) -> str:
+    """The generic entry's Python source (``exiting``: the source of its message when Python is exiting)."""
+    return f"""
 def entry(call, table, entry_id):
     c = carray(call, {CALL_WORDS}, np.int64)
     n_in, n_out, n_kwargs = c[{CALL['n_in']}], c[{CALL['n_out']}], c[{CALL['n_kwargs']}]
@@ -216,10 +274,6 @@ def entry(call, table, entry_id):
         return np.int32(1)
     return _call_kernel(address, call)
 """
-    scope = dict(namespace)
-    exec(compile(source, "<jaxbind numba entry>", "exec"), scope)
-    entry = numba.cfunc(types.int32(types.voidptr, types.int64, types.int64), nopython=True)(scope["entry"])
-    return dict(namespace, guard=guard, entry=entry, texts=texts, read_only=_read_only)
 
 
 def text_source(text: str, keep: list) -> str:

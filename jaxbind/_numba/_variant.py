@@ -11,99 +11,41 @@ from .._kwargs import KW_BOOL, KW_FLOAT, KW_FLOAT_ARRAY, KW_INT, KW_INT_ARRAY
 from ._call_struct import ARRAY, ARRAY_WORDS, CALL, CALL_WORDS, KWARG, KWARG_WORDS
 from ._callbacks import REPORTS, new_variant_id
 from ._checks import KWARG_KINDS, NUMPY_DTYPES, check_dtype
-from ._codegen import machinery, text_source
+from ._codegen import guard, machinery, read_only, text_source
 
 __all__ = ["Variant"]
 
 
 class Variant:
     """``fn`` for one combination of dtypes, ranks and kwargs, behind the kernel signature:
-    one cfunc that makes the arrays and the kwargs from the call and calls fn through the guard."""
+    one cfunc that makes the arrays and the kwargs from the call and calls fn through the guard.
+
+    Found by its id in :data:`REPORTS` (for the name in its error messages) while it lives.
+    """
 
     def __init__(self, program, in_sig: tuple, out_sig: tuple, kwargs: tuple):
         m = machinery()
-        n_in, n_out = len(in_sig), len(out_sig)
+        n_in = len(in_sig)
         where = f"numba kernel '{program.fn_name}'"
-        dtypes = [code for code, _ in in_sig + out_sig]
+        self.fn_name = program.fn_name
+        dtypes = _numpy_dtypes(in_sig + out_sig, n_in, where)
         ranks = [rank for _, rank in in_sig + out_sig]
-        dtypes_np = [check_dtype(NUMPY_DTYPES.get(code), f"{where}: " + (
-            f"input {k}" if k < n_in else f"output {k - n_in}"), code) for k, code in enumerate(dtypes)]
-        self.description = ", ".join(
-            (f"input {k}" if k < n_in else f"output {k - n_in}") + f": {dtypes_np[k].name}[{ranks[k]}d]"
-            for k in range(n_in + n_out))
+        self.description = ", ".join(f"{_argument_label(k, n_in)}: {dtypes[k].name}[{ranks[k]}d]"
+                                     for k in range(len(ranks)))
         self.in_tables = set()  # ids of the entries whose table has this variant
-        for name, code in kwargs:
-            if code not in KWARG_KINDS:
-                raise TypeError(f"{where}: keyword argument '{name}' has a type a numba kernel cannot take "
-                                f"(code {code})")
+        _check_kwarg_types(kwargs, where)
         self.id = new_variant_id()
-        REPORTS[self.id] = program.fn_name
         self._texts = []  # the messages and names the compiled code reads by address
         mismatch = text_source(f"{where}: the call does not match the signature it was compiled for "
-                         f"({self.description}); a jaxbind bug", self._texts)
+                               f"({self.description}); a jaxbind bug", self._texts)
         exiting = text_source(f"{where} raised an exception while Python was exiting", self._texts)
-
-        namespace = {"guarded": m["guard"](program.dispatcher, self.id),
+        namespace = {"guarded": guard(program.dispatcher, self.id),
                      "KW": collections.namedtuple("kwargs", [n for n, _ in kwargs])}
-        checks = [f"c[{CALL['n_in']}] != {n_in}", f"c[{CALL['n_out']}] != {n_out}",
-                  f"c[{CALL['n_kwargs']}] != {len(kwargs)}"]
-        lines = [f"    i = carray(_ptr(c[{CALL['in_']}]), {ARRAY_WORDS * n_in}, np.int64)",
-                 f"    o = carray(_ptr(c[{CALL['out']}]), {ARRAY_WORDS * n_out}, np.int64)"]
-        arrays = {"i": [], "o": []}
-        for k in range(n_in + n_out):
-            side, index = ("i", k) if k < n_in else ("o", k - n_in)
-            base = index * ARRAY_WORDS
-            name = f"{side}{index}"
-            namespace[f"D_{name}"] = dtypes_np[k]
-            if ranks[k]:
-                lines.append(f"    s = carray(_ptr({side}[{base + ARRAY['shape']}]), {ranks[k]}, np.int64)")
-                shape = "(" + "".join(f"s[{d}], " for d in range(ranks[k])) + ")"
-            else:
-                shape = "()"
-            lines.append(f"    {name} = carray(_ptr({side}[{base + ARRAY['data']}]), {shape}, D_{name})")
-            arrays[side].append(name)
-        if kwargs:
-            lines += [f"    w = carray(_ptr(c[{CALL['kwargs']}]), {KWARG_WORDS * len(kwargs)}, np.int64)",
-                      f"    f = carray(_ptr(c[{CALL['kwargs']}]), {KWARG_WORDS * len(kwargs)}, np.float64)"]
-        values = []
-        for k, (name, code) in enumerate(kwargs):
-            lines += [f"    k = _find(w, {len(kwargs)}, {k}, {text_source(name, self._texts)})",
-                      f"    if k < 0 or w[k * {KWARG_WORDS} + {KWARG['type']}] != {code}:",
-                      f"        return _fail(c, {mismatch})",
-                      f"    b = k * {KWARG_WORDS}"]
-            if code == KW_INT:
-                lines.append(f"    v{k} = w[b + {KWARG['int_value']}]")
-            elif code == KW_BOOL:
-                lines.append(f"    v{k} = w[b + {KWARG['int_value']}] != 0")
-            elif code == KW_FLOAT:
-                lines.append(f"    v{k} = f[b + {KWARG['float_value']}]")
-            else:
-                field, dtype = ("int_array", "np.int64") if code == KW_INT_ARRAY else ("float_array", "np.float64")
-                lines.append(f"    v{k} = carray(_ptr(w[b + {KWARG[field]}]), w[b + {KWARG['size']}], {dtype})")
-            values.append(f"v{k}")
-        tuple_of = lambda names: "(" + "".join(f"{n}, " for n in names) + ")"  # noqa: E731
-        source = "\n".join(
-            ["def variant(call):",
-             f"    c = carray(call, {CALL_WORDS}, np.int64)",
-             f"    if {checks[0]} or {checks[1]} or {checks[2]}:",
-             f"        return _fail(c, {mismatch})"]
-            + lines  # (the entry checked the dtypes and ranks: it found this variant by them)
-            + [f"    status = guarded(call, {tuple_of(arrays['o'])}, {tuple_of(arrays['i'])}, KW({', '.join(values)}))",
-               "    if status == 2:",
-               f"        return _fail(c, {exiting})",
-               "    return status"]) + "\n"
+        source = _variant_source(dtypes, ranks, n_in, kwargs, mismatch, exiting, namespace, self._texts)
         # fn first, on its own, for numba's own message when it does not compile (the guard
         # compiles it for the same types again, which finds this compiled version)
-        types = m["types"]
-        arrays_t = [types.Array(m["numba"].from_dtype(dtypes_np[k]), ranks[k], "C") for k in range(n_in + n_out)]
-        field_t = {KW_INT: types.int64, KW_FLOAT: types.float64, KW_BOOL: types.boolean,
-                   KW_INT_ARRAY: types.Array(types.int64, 1, "C"), KW_FLOAT_ARRAY: types.Array(types.float64, 1, "C")}
-        argtypes = (types.BaseTuple.from_types(arrays_t[n_in:]),
-                    m["read_only"](types.BaseTuple.from_types(arrays_t[:n_in])),
-                    m["read_only"](types.BaseTuple.from_types([field_t[code] for _, code in kwargs],
-                                                              namespace["KW"])))
         try:
-            program.dispatcher.compile(argtypes)
+            program.dispatcher.compile(_fn_argtypes(m, dtypes, ranks, n_in, kwargs, namespace["KW"]))
         except Exception as err:
             raise RuntimeError(_compile_error(program.fn_name, self.description, kwargs, err)) from None
         scope = dict(m, **namespace)
@@ -113,6 +55,110 @@ class Variant:
         except Exception as err:
             raise RuntimeError(_compile_error(program.fn_name, self.description, kwargs, err)) from None
         self.address = self.cfunc.address
+        REPORTS[self.id] = self  # (a weak table: the row goes with the variant)
+
+
+def _argument_label(k: int, n_in: int) -> str:
+    """``input k`` or ``output k - n_in``: argument ``k`` of a call's inputs then outputs, in messages."""
+    return f"input {k}" if k < n_in else f"output {k - n_in}"
+
+
+def _numpy_dtypes(signature: tuple, n_in: int, where: str) -> list:
+    """The NumPy dtype of each ``(dtype code, rank)`` of the inputs then outputs; refuses one numba cannot take."""
+    return [check_dtype(NUMPY_DTYPES.get(code), f"{where}: {_argument_label(k, n_in)}", code)
+            for k, (code, _) in enumerate(signature)]
+
+
+def _check_kwarg_types(kwargs: tuple, where: str) -> None:
+    """Refuses a kwarg type code, as the call gives it, that a numba kernel cannot take."""
+    for name, code in kwargs:
+        if code not in KWARG_KINDS:
+            raise TypeError(f"{where}: keyword argument '{name}' has a type a numba kernel cannot take "
+                            f"(code {code})")
+
+
+def _variant_source(dtypes, ranks, n_in, kwargs, mismatch, exiting, namespace, texts) -> str:
+    """The variant's Python source: check the call's counts, make fn's arrays and kwargs, call the guard.
+
+    Adds the dtypes the source names to ``namespace``; ``mismatch`` and ``exiting`` are the
+    sources of its two messages, ``texts`` keeps the kwarg names it reads by address.
+    """
+    n_out = len(ranks) - n_in
+    checks = [f"c[{CALL['n_in']}] != {n_in}", f"c[{CALL['n_out']}] != {n_out}",
+              f"c[{CALL['n_kwargs']}] != {len(kwargs)}"]
+    array_lines, arrays = _array_lines(dtypes, ranks, n_in, namespace)
+    kwarg_lines, values = _kwarg_lines(kwargs, mismatch, texts)
+    tuple_of = lambda names: "(" + "".join(f"{n}, " for n in names) + ")"  # noqa: E731
+    return "\n".join(
+        ["def variant(call):",
+         f"    c = carray(call, {CALL_WORDS}, np.int64)",
+         f"    if {checks[0]} or {checks[1]} or {checks[2]}:",
+         f"        return _fail(c, {mismatch})"]
+        + array_lines + kwarg_lines  # (the entry checked the dtypes and ranks: it found this variant by them)
+        + [f"    status = guarded(call, {tuple_of(arrays['o'])}, {tuple_of(arrays['i'])}, KW({', '.join(values)}))",
+           "    if status == 2:",
+           f"        return _fail(c, {exiting})",
+           "    return status"]) + "\n"
+
+
+def _array_lines(dtypes, ranks, n_in, namespace) -> tuple:
+    """The source lines that make each input and output array from the call (named ``i0``, ``o0``, ...),
+    and those names by side; adds each array's dtype (``D_i0``, ...) to ``namespace``."""
+    n_out = len(ranks) - n_in
+    lines = [f"    i = carray(_ptr(c[{CALL['in_']}]), {ARRAY_WORDS * n_in}, np.int64)",
+             f"    o = carray(_ptr(c[{CALL['out']}]), {ARRAY_WORDS * n_out}, np.int64)"]
+    arrays = {"i": [], "o": []}
+    for k in range(n_in + n_out):
+        side, index = ("i", k) if k < n_in else ("o", k - n_in)
+        base = index * ARRAY_WORDS
+        name = f"{side}{index}"
+        namespace[f"D_{name}"] = dtypes[k]
+        if ranks[k]:
+            lines.append(f"    s = carray(_ptr({side}[{base + ARRAY['shape']}]), {ranks[k]}, np.int64)")
+            shape = "(" + "".join(f"s[{d}], " for d in range(ranks[k])) + ")"
+        else:
+            shape = "()"
+        lines.append(f"    {name} = carray(_ptr({side}[{base + ARRAY['data']}]), {shape}, D_{name})")
+        arrays[side].append(name)
+    return lines, arrays
+
+
+def _kwarg_lines(kwargs, mismatch, texts) -> tuple:
+    """The source lines that find each kwarg by name, check its type and read it (into ``v0``, ...),
+    and those names; ``texts`` keeps the names the lines read by address."""
+    lines = []
+    if kwargs:
+        lines += [f"    w = carray(_ptr(c[{CALL['kwargs']}]), {KWARG_WORDS * len(kwargs)}, np.int64)",
+                  f"    f = carray(_ptr(c[{CALL['kwargs']}]), {KWARG_WORDS * len(kwargs)}, np.float64)"]
+    values = []
+    for k, (name, code) in enumerate(kwargs):
+        lines += [f"    k = _find(w, {len(kwargs)}, {k}, {text_source(name, texts)})",
+                  f"    if k < 0 or w[k * {KWARG_WORDS} + {KWARG['type']}] != {code}:",
+                  f"        return _fail(c, {mismatch})",
+                  f"    b = k * {KWARG_WORDS}"]
+        if code == KW_INT:
+            lines.append(f"    v{k} = w[b + {KWARG['int_value']}]")
+        elif code == KW_BOOL:
+            lines.append(f"    v{k} = w[b + {KWARG['int_value']}] != 0")
+        elif code == KW_FLOAT:
+            lines.append(f"    v{k} = f[b + {KWARG['float_value']}]")
+        else:
+            field, dtype = ("int_array", "np.int64") if code == KW_INT_ARRAY else ("float_array", "np.float64")
+            lines.append(f"    v{k} = carray(_ptr(w[b + {KWARG[field]}]), w[b + {KWARG['size']}], {dtype})")
+        values.append(f"v{k}")
+    return lines, values
+
+
+def _fn_argtypes(m: dict, dtypes, ranks, n_in, kwargs, kwargs_type) -> tuple:
+    """numba's types of fn's ``(out, args, kwargs)`` as the guard passes them (inputs and kwargs read-only)."""
+    types = m["types"]
+    arrays = [types.Array(m["numba"].from_dtype(dtypes[k]), ranks[k], "C") for k in range(len(ranks))]
+    field_types = {KW_INT: types.int64, KW_FLOAT: types.float64, KW_BOOL: types.boolean,
+                   KW_INT_ARRAY: types.Array(types.int64, 1, "C"),
+                   KW_FLOAT_ARRAY: types.Array(types.float64, 1, "C")}
+    return (types.BaseTuple.from_types(arrays[n_in:]),
+            read_only(types.BaseTuple.from_types(arrays[:n_in])),
+            read_only(types.BaseTuple.from_types([field_types[code] for _, code in kwargs], kwargs_type)))
 
 
 def _compile_error(fn_name, description, kwargs, err) -> str:

@@ -107,6 +107,43 @@ def test_a_failing_transpose_names_the_op_and_the_callback():
         jax.block_until_ready(jax.linear_transpose(lambda v: op(v, factor=2.0)[0], x)(np.array([1, -2.5, 3]))[0])
 
 
+def test_kernels_dropped_take_their_variants_out_of_the_error_table():
+    # The compiled code finds the name for a kernel's error message by its variant's id; a process
+    # that makes kernels from closures and drops them must not keep a row per variant it compiled.
+    import gc
+
+    from jaxbind._numba._callbacks import REPORTS
+
+    def closure(k):
+        def scaled(out, args, kwargs):
+            x, y = args[-1], out[0]
+            for i in range(x.size):
+                if x.flat[i] < 0:
+                    raise ValueError("below zero")
+                y.flat[i] = (k + 1) * x.flat[i]
+        scaled.__name__ = f"dropped_closure_{k}"
+        return scaled
+
+    gc.collect()
+    start = len(REPORTS)
+    for k in range(4):
+        op = jaxbind.get_nonlinear_call(jaxbind.numba_kernel(closure(k)), None, like_last, None)
+        for dtype in (np.float32, np.float64):  # two variants
+            x = np.arange(3, dtype=dtype)
+            np.testing.assert_allclose(op(x)[0], (k + 1) * x)
+        with pytest.raises(RuntimeError, match=rf"op 'dropped_closure_{k}': native kernel failed: numba "
+                                               rf"kernel 'dropped_closure_{k}' raised ValueError: below zero"):
+            jax.block_until_ready(op(-np.ones(3))[0])
+        assert len(REPORTS) >= start + 2  # this kernel's two variants, while it lives
+        del op
+        for _ in range(3):
+            gc.collect()
+        assert len(REPORTS) <= start, f"{len(REPORTS) - start} rows kept after {k + 1} kernels were dropped"
+    # and errors are still reported by name (a kernel kept by the module)
+    with pytest.raises(RuntimeError, match=r"numba kernel 'nb_checked_sqrt' raised ValueError"):
+        jax.block_until_ready(jaxbind.get_nonlinear_call(nb_checked_sqrt, None, like_last, None)(-np.ones(2))[0])
+
+
 # ---------------------------------------------------------------------------
 # Without numba
 # ---------------------------------------------------------------------------
