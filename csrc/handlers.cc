@@ -65,13 +65,13 @@ ffi::Error Dispatch(ffi::ThreadPool pool, std::string_view call, int64_t key,
     entry = SiteMadeNow(key, call, &unresolved);
     if (entry == nullptr) return unresolved;
   }
-  const Site& site = Common(*entry);
+  const Site& site = BaseSite(*entry);
   const auto* native = std::get_if<NativeSite>(entry);
   // The common native call goes straight to the kernel (the checking mode
   // for unwritten outputs takes RunNative's way, which fills and checks).
-  if (native != nullptr && WholeCall(*native, raw_args->size, raw_rets->size) &&
+  if (native != nullptr && DirectCall(*native, raw_args->size, raw_rets->size) &&
       !g_check_unwritten.load(std::memory_order_relaxed)) {
-    return RunNativeWhole(*native, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets);
+    return RunNativeDirect(*native, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets);
   }
   if (site.levels != 0 && site.in_masks.size() != static_cast<size_t>(raw_args->size)) {
     return ErrorText(&site, "internal error: the call site was registered for " +
@@ -98,7 +98,7 @@ ffi::Future DispatchAsync(ffi::ThreadPool pool, std::string_view call, int64_t k
   const NativeSite* site = entry != nullptr ? std::get_if<NativeSite>(entry) : nullptr;
   if (site == nullptr) {
     if (entry != nullptr) {  // a program made where the op had a concurrent native kernel
-      unresolved = ErrorText(&Common(*entry), "the program runs it as a concurrent native kernel, "
+      unresolved = ErrorText(&BaseSite(*entry), "the program runs it as a concurrent native kernel, "
                                               "but in this process it is not one: define the op "
                                               "as the program's was");
     }

@@ -179,7 +179,8 @@ struct NativeSite : Site {
 // A registered site is one or the other; the handler asks which.
 using AnySite = std::variant<PythonSite, NativeSite>;
 
-inline const Site& Common(const AnySite& site) {
+// What every site has (its name, key and batch layout), whatever it calls.
+inline const Site& BaseSite(const AnySite& site) {
   return std::visit([](const Site& s) -> const Site& { return s; }, site);
 }
 
@@ -258,9 +259,9 @@ PyObject* ViewTuple(PyObject* cached, void* const* buffers, int64_t n, const int
 bool Kept(PyObject* tuple, Py_ssize_t ours);
 bool KeptAfterCollecting(PyObject* in_tuple, Py_ssize_t ours_in, PyObject* out_tuple,
                          Py_ssize_t ours_out);
-void RetireViews(PyObject* in_tuple, PyObject* out_tuple, bool aliases);
+void RetireViews(PyObject* in_tuple, PyObject* out_tuple, bool overlapping);
 void SetDtype(int code, nb::handle dtype);
-void SetAliasRetirer(nb::handle fn);
+void SetOverlapRetirer(nb::handle fn);
 void RetireArray(nb::handle array);
 
 // ---- The checking mode (checking.cc) ----------------------------------------

@@ -98,7 +98,7 @@ NB_MODULE(_trampoline, m) {
 
   m.def("set_dtype", &SetDtype, nb::arg("code"), nb::arg("dtype"),
         "Map an XLA FFI dtype code to a NumPy dtype.");
-  m.def("set_alias_retirer", &SetAliasRetirer,
+  m.def("set_overlap_retirer", &SetOverlapRetirer,
         "Set the function (list of kept views) -> None that cuts off every other array reaching "
         "their memory; it is called before the views themselves are retired.");
   m.def("set_error_formatter", &SetErrorFormatter,

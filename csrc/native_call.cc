@@ -87,7 +87,7 @@ std::string KernelFailure(const NativeSite& site, char* error, size_t size, int 
 constexpr size_t kKwargErrorSize = 512;
 
 // The buffers of a kernel call without a walk, described straight from XLA's.
-constexpr size_t kWholeMax = 16;  // buffers; more take the walk's path
+constexpr size_t kDirectMax = 16;  // buffers; more take the walk's path
 
 inline void Describe(void* const* buffers, size_t n, jaxbind_array* arrays) {
   for (size_t i = 0; i < n; ++i) {
@@ -96,19 +96,19 @@ inline void Describe(void* const* buffers, size_t n, jaxbind_array* arrays) {
   }
 }
 
-// A call that RunNativeWhole serves: no walk, no padding, few buffers.
-inline bool WholeCall(const NativeSite& site, size_t n_in, size_t n_out) {
-  return site.levels == 0 && site.valid_levels == 0 && n_in <= kWholeMax && n_out <= kWholeMax;
+// A call that RunNativeDirect serves: no walk, no padding, few buffers.
+inline bool DirectCall(const NativeSite& site, size_t n_in, size_t n_out) {
+  return site.levels == 0 && site.valid_levels == 0 && n_in <= kDirectMax && n_out <= kDirectMax;
 }
 
-// The most common call, one kernel call over the whole buffers: nothing is
-// planned, nothing is allocated, and the kernel's descriptors are filled in
-// place. (A whole call's inputs have no batch levels to skip: site.levels is 0.)
+// The most common call, the direct one: one kernel call over the buffers as
+// they are, nothing planned, nothing allocated, the kernel's descriptors filled
+// in place. (Its inputs have no batch levels to skip: site.levels is 0.)
 // The checking mode for unwritten outputs is RunNativeChecked's, which
 // reaches this through RunNativeWalk.
-ffi::Error RunNativeWhole(const NativeSite& site, size_t n_in, void* const* ins, size_t n_out,
-                          void* const* outs) {
-  jaxbind_array in[kWholeMax], out[kWholeMax];
+ffi::Error RunNativeDirect(const NativeSite& site, size_t n_in, void* const* ins, size_t n_out,
+                           void* const* outs) {
+  jaxbind_array in[kDirectMax], out[kDirectMax];
   Describe(ins, n_in, in);
   Describe(outs, n_out, out);
   char error[2048], kwarg_error[kKwargErrorSize];
@@ -183,12 +183,12 @@ class NativeRunner {
   int code_ = 0;
 };
 
-// A native kernel over a whole call (every element of a walk). With a pool,
+// A native kernel over all of a call (every element of a walk). With a pool,
 // a long walk is spread over XLA's intra-op threads: kernels are reentrant
 // by contract, and each element writes its own part of the outputs.
 ffi::Error RunNativeWalk(const NativeSite& site, size_t n_in, void* const* ins, size_t n_out,
                          void* const* outs, ffi::ThreadPool* pool) {
-  if (WholeCall(site, n_in, n_out)) return RunNativeWhole(site, n_in, ins, n_out, outs);
+  if (DirectCall(site, n_in, n_out)) return RunNativeDirect(site, n_in, ins, n_out, outs);
   WalkPlan plan(site.levels, n_in, n_out);
   if (site.levels != 0) {
     std::string bad = PlanWalk(site, ins, outs, &plan);
@@ -237,7 +237,7 @@ ffi::Error RunNativeChecked(const NativeSite& site, size_t n_in, void* const* in
   return result;
 }
 
-// A native kernel call (a walk, or one whole call), padding left out.
+// A native kernel call (a walk, or the batch handed over whole), padding left out.
 ffi::Error RunNative(const NativeSite& site, size_t n_in, void* const* ins, size_t n_out,
                      void* const* outs, ffi::ThreadPool* pool) {
   if (site.valid_levels != 0 && site.levels == 0) {  // (a walk skips padding itself)

@@ -80,7 +80,7 @@ const AnySite* LookupSite(int64_t key) {
   KeyEntry* e = Probe(g_keys.load(std::memory_order_acquire), key);
   if (e->key.load(std::memory_order_acquire) != key) return nullptr;
   const AnySite* site = e->site.load(std::memory_order_acquire);
-  if (site == nullptr || !Common(*site).alive.load(std::memory_order_acquire)) return nullptr;
+  if (site == nullptr || !BaseSite(*site).alive.load(std::memory_order_acquire)) return nullptr;
   return site;
 }
 
@@ -150,7 +150,7 @@ bool CheckProgramSite(int64_t key, std::string_view call, std::string* error) {
   {
     std::lock_guard<std::mutex> lock(g_register_mutex);
     const AnySite* site = LookupSite(key);
-    if (site != nullptr && Common(*site).description == call) return true;
+    if (site != nullptr && BaseSite(*site).description == call) return true;
   }
   // Another description under a live site's key, or a key with no live site:
   // Python reads the description and says why it is refused, or that it names
@@ -264,7 +264,7 @@ const PythonSite* HoldPythonSite(const PythonSite* site, int64_t key, std::strin
     if (again == nullptr) return nullptr;
     site = std::get_if<PythonSite>(again);
     if (site == nullptr) {
-      *error = "jaxbind " + Common(*again).name +
+      *error = "jaxbind " + BaseSite(*again).name +
                ": the program runs a Python callback, but in this process it is a native kernel";
       return nullptr;
     }

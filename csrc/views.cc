@@ -14,7 +14,7 @@ alignas(64) char g_retired_storage[64];
 // Finds and cuts off every other array that reaches the memory of kept views
 // (slices, DLPack imports, memoryviews); set once at import. Called with a
 // list of the views before they are retired, so that it can read their memory.
-PyObject* g_retire_aliases = nullptr;
+PyObject* g_retire_overlapping = nullptr;
 
 void SetDtype(int code, nb::handle dtype) {
   if (code < 0 || code >= kNumDtypeCodes) throw nb::value_error("dtype code out of range");
@@ -26,10 +26,10 @@ void SetDtype(int code, nb::handle dtype) {
   Py_XDECREF(old);
 }
 
-void SetAliasRetirer(nb::handle fn) {
+void SetOverlapRetirer(nb::handle fn) {
   Py_XINCREF(fn.ptr());
-  Py_XDECREF(g_retire_aliases);
-  g_retire_aliases = fn.ptr();
+  Py_XDECREF(g_retire_overlapping);
+  g_retire_overlapping = fn.ptr();
 }
 
 // The first byte of one batch element of a buffer. Zero-size buffers may come
@@ -202,18 +202,18 @@ bool KeptAfterCollecting(PyObject* in_tuple, Py_ssize_t ours_in, PyObject* out_t
   return true;
 }
 
-// Retires every view of the tuples (null entries are skipped); with `aliases`,
+// Retires every view of the tuples (null entries are skipped); with `overlapping`,
 // first whatever else reaches the memory of a view that someone still holds.
-void RetireViews(PyObject* in_tuple, PyObject* out_tuple, bool aliases) {
-  PyObject* held = aliases ? PyList_New(0) : nullptr;
+void RetireViews(PyObject* in_tuple, PyObject* out_tuple, bool overlapping) {
+  PyObject* held = overlapping ? PyList_New(0) : nullptr;
   for (PyObject* tuple : {in_tuple, out_tuple}) {
     for (Py_ssize_t i = 0; held != nullptr && tuple != nullptr && i < PyTuple_GET_SIZE(tuple); ++i) {
       PyObject* view = PyTuple_GET_ITEM(tuple, i);
       if (ViewKept(view)) PyList_Append(held, view);
     }
   }
-  if (held != nullptr && PyList_GET_SIZE(held) > 0 && g_retire_aliases != nullptr) {
-    PyObject* result = PyObject_CallOneArg(g_retire_aliases, held);
+  if (held != nullptr && PyList_GET_SIZE(held) > 0 && g_retire_overlapping != nullptr) {
+    PyObject* result = PyObject_CallOneArg(g_retire_overlapping, held);
     Py_XDECREF(result);
   }
   Py_XDECREF(held);

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence, Tuple, Union
 
-from ._arguments import (as_callback, callback_parameters, check_callable, check_flags, check_inplace,
+from ._arguments import (as_callback, callback_parameters, check_callable, check_flags, inplace_pairs,
                          check_n_residuals, check_setup, check_thread_safe, drop_fixed_places, named_callback)
 from ._definition import CallbackKind, Family, OpDef, OpKind
 from ._op import Op
@@ -253,7 +253,7 @@ def get_linear_call(
         kind = OpKind.LINEAR
     families = _stateful((family,), setup, setup_cache, name)
     return Op(OpDef(kind, name, families, first_n_args_fixed, func_can_batch, vmap_method,
-                    thread_safe=check_thread_safe(name, thread_safe), inplace=check_inplace(name, inplace)))
+                    thread_safe=check_thread_safe(name, thread_safe), inplace=inplace_pairs(name, inplace)))
 
 
 def get_nonlinear_call(
@@ -423,7 +423,7 @@ def get_nonlinear_call(
             )
         return Op(OpDef(OpKind.NONLINEAR, name, _stateful((forward,), setup, setup_cache, name), first_n_args_fixed,
                         func_can_batch, vmap_method, n_residuals, check_thread_safe(name, thread_safe),
-                        inplace=check_inplace(name, inplace)))
+                        inplace=inplace_pairs(name, inplace)))
     if not isinstance(f_derivative, (tuple, list)) or len(f_derivative) != 2:
         raise TypeError(
             f"jaxbind op '{name}': f_derivative must be a pair (f_jvp, f_vjp), or None for an op "
@@ -450,7 +450,7 @@ def get_nonlinear_call(
     )
     return Op(OpDef(OpKind.NONLINEAR, name, _stateful((forward, derivative), setup, setup_cache, name),
                     first_n_args_fixed, func_can_batch, vmap_method, n_residuals,
-                    check_thread_safe(name, thread_safe), inplace=check_inplace(name, inplace)))
+                    check_thread_safe(name, thread_safe), inplace=inplace_pairs(name, inplace)))
 
 
 def _stateful(families: tuple, setup, setup_cache, name: str) -> tuple:

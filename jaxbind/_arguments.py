@@ -12,14 +12,12 @@ import numpy as np
 
 from ._definition import _name_of
 from ._native import NativeKernel, as_kernel
+from ._vmap_methods import DOOR_OP, accepted, method_of
 
-__all__ = ["CALLBACK_PARAMETERS", "VMAP_METHODS", "arguments_hint", "as_callback", "callback_form_hint",
-           "callback_parameters", "check_callable", "check_flags", "check_inplace", "check_n_residuals",
-           "check_setup", "check_thread_safe", "drop_fixed_places", "named_callback"]
+__all__ = ["CALLBACK_PARAMETERS", "arguments_hint", "as_callback", "callback_form_hint",
+           "callback_parameters", "check_callable", "check_flags", "check_n_residuals",
+           "check_setup", "check_thread_safe", "drop_fixed_places", "inplace_pairs", "named_callback"]
 
-# How a vmapped op hands its batch to the callbacks; the values and meaning of
-# jax.pure_callback's vmap_method (see _batching).
-VMAP_METHODS = ("sequential", "expand_dims", "broadcast_all")
 # What jaxbind calls a Python callback with, positionally (an op with setup= adds the state).
 CALLBACK_PARAMETERS = ("out", "args", "kwargs_dump")
 
@@ -160,7 +158,7 @@ def check_n_residuals(name: str, n_residuals) -> int:
     return int(n_residuals)
 
 
-def check_inplace(name: str, inplace) -> tuple:
+def inplace_pairs(name: str, inplace) -> tuple:
     """``inplace={output: argument}`` as sorted (output, argument) pairs; indices count every argument."""
     if inplace is None:
         return ()
@@ -195,12 +193,12 @@ def check_flags(name: str, first_n_args_fixed, func_can_batch, vmap_method):
         )
     if not isinstance(func_can_batch, (bool, np.bool_)):
         raise TypeError(f"jaxbind op '{name}': func_can_batch must be a bool, got {func_can_batch!r}.")
-    if not isinstance(vmap_method, str) or vmap_method not in VMAP_METHODS:
+    if not isinstance(vmap_method, str) or vmap_method not in accepted(DOOR_OP):
         raise ValueError(
-            f"jaxbind op '{name}': vmap_method must be one of {', '.join(map(repr, VMAP_METHODS))} "
+            f"jaxbind op '{name}': vmap_method must be one of {', '.join(map(repr, accepted(DOOR_OP)))} "
             f"(as for jax.pure_callback), got {vmap_method!r:.100}."
         )
-    if func_can_batch and vmap_method != "sequential":
+    if func_can_batch and not method_of(vmap_method).walked:
         raise ValueError(
             f"jaxbind op '{name}': func_can_batch=True and vmap_method={vmap_method!r} both say how "
             "the callbacks see a batch; give one of them. func_can_batch: the callbacks get "

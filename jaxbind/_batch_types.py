@@ -21,6 +21,7 @@ from ._bind import bind
 from ._definition import Role, _name_of
 from ._jax_compat import get_aval
 from ._user_abstract import call_abstract, check_input_dtypes, check_size, structs
+from ._vmap_methods import method_of
 
 
 class TransposePlan(NamedTuple):
@@ -32,19 +33,15 @@ class TransposePlan(NamedTuple):
     finish: Callable  # its results -> cotangents in the layout of the primals
 
 
-def _whole(role: Role) -> bool:
-    """Whether a batch reaches the callbacks whole (one call) rather than walked."""
-    return role.op.vmap_method != "sequential"
+def _walked(role: Role) -> bool:
+    """Whether the core walks a batch element by element (else the callbacks get it in one call)."""
+    return method_of(role.op.vmap_method).walked
 
 
 def _all_levels(role: Role) -> bool:
-    """Whether every input carries every batch level in front, mapped or not.
-
-    "expand_dims" and "broadcast_all" give an unmapped input a level (of size 1,
-    or broadcast); "sequential" and "legacy_vectorized" leave it as it is, so an
-    input's leading dimensions are its mapped levels only.
-    """
-    return role.op.vmap_method in ("expand_dims", "broadcast_all")
+    """Whether every input carries every batch level in front, mapped or not (else an input's
+    leading dimensions are its mapped levels only)."""
+    return method_of(role.op.vmap_method).all_levels
 
 
 def _linear_shapes(args, start: int, stop: int):
@@ -67,6 +64,10 @@ class Unbatched:
 
     def partitionable_levels(self) -> int:
         return 0
+
+    def description(self):
+        """What a call's description says of its batch (JSON; see _sites.describe)."""
+        return None
 
     def site_layout(self, role: Role):
         return 0, []
@@ -133,6 +134,9 @@ class WalkBatch:
                 pos += 1 if mapped or whole else 0
         return tuple(sizes)
 
+    def description(self):
+        return {"walk": [[int(m) for m in mask] for mask in self.masks]}
+
     def partitionable_levels(self) -> int:
         """How many leading dimensions XLA may split across devices (0: none).
 
@@ -151,7 +155,7 @@ class WalkBatch:
         # The handler reads batch sizes off the buffers: only which input is
         # mapped at which level is compiled in. A batch handed over whole is
         # one call on the whole arrays (levels 0).
-        if _whole(role):
+        if not _walked(role):
             return 0, []
         return self.levels, [list(map(int, m)) for m in self.masks]
 
@@ -214,6 +218,10 @@ class SelfBatch:
 
     def out_axes_for(self, n: int):
         return self.out_axes
+
+    def description(self):
+        return {SELF_BATCH_FIELD: [[list(a) for a in self.in_axes], [list(a) for a in self.out_axes],
+                                   list(self.sizes)]}
 
     def partitionable_levels(self) -> int:
         return 0
@@ -323,3 +331,19 @@ def _moved_shape(shape, src, dst):
 
 def move_levels(x, src, dst):
     return x if tuple(src) == tuple(dst) else jnp.moveaxis(x, src, dst)
+
+
+# The description's field for a self-batched call. Its name since schema 1, from when that kind was
+# called "native" batching; kept, since renaming it would change the key of every such site and make
+# the programs made so far unreadable (a new schema).
+SELF_BATCH_FIELD = "native"
+
+
+def batch_from_description(value):
+    """The batch parameter a call's description says (the inverse of each kind's ``description``)."""
+    if value is None:
+        return None
+    if "walk" in value:
+        return WalkBatch(tuple(tuple(bool(m) for m in mask) for mask in value["walk"]))
+    in_axes, out_axes, sizes = value[SELF_BATCH_FIELD]
+    return SelfBatch(tuple(map(tuple, in_axes)), tuple(map(tuple, out_axes)), tuple(sizes))

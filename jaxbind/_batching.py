@@ -10,14 +10,15 @@ from ._definition import Role
 from ._jax_compat import get_aval
 from ._kwargs import Kwargs
 from ._user_abstract import call_abstract, structs
+from ._vmap_methods import DOOR_PURE_CALLBACK, Unmapped, accepted, method_of
 
 
 def jaxbind_batch(args, dims, *, role: Role, kwargs: Kwargs, batch: Batch):
-    if role.op.vmap_method is None:  # jaxbind.pure_callback's default, as jax.pure_callback's
+    if method_of(role.op.vmap_method) is None:  # jaxbind.pure_callback's default, as jax.pure_callback's
+        *names, last = [repr(n) for n in accepted(DOOR_PURE_CALLBACK) if n is not None]
         raise NotImplementedError(
             f"vmap is only supported for the {role.op.name} op when vmap_method is one of "
-            "'sequential', 'sequential_unrolled', 'expand_dims', 'broadcast_all', or "
-            "'legacy_vectorized'. Got vmap_method=None.")
+            f"{', '.join(names)}, or {last}. Got vmap_method=None.")
     if role.op.func_can_batch:
         return _batch_self(args, dims, role, kwargs, as_batch(batch))
     return _batch_walk(args, dims, role, kwargs, as_batch(batch))
@@ -25,23 +26,21 @@ def jaxbind_batch(args, dims, *, role: Role, kwargs: Kwargs, batch: Batch):
 
 def _batch_walk(args, dims, role: Role, kwargs: Kwargs, batch):
     # Move each new batch axis to the front: levels are leading dimensions,
-    # outermost first. "sequential": the handler walks them; otherwise the
-    # callback gets them whole, with a size-1 axis where an input is not mapped
-    # ("expand_dims") or every input broadcast over the level ("broadcast_all"),
-    # or an unmapped input as it is ("legacy_vectorized", pure_callback's).
-    method = role.op.vmap_method
+    # outermost first. An input the level does not map gets what the op's
+    # method says (_vmap_methods).
+    unmapped = method_of(role.op.vmap_method).unmapped
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     new_args, masks = [], []
-    in_place = {arg for _, arg in role.aliases}
+    in_place = {arg for _, arg in role.inplace_pairs}
     for i, (x, d, mask) in enumerate(zip(args, dims, batch.masks_for(len(args)))):
         mapped = d is not None
         if mapped:
             x = jnp.moveaxis(x, d, 0) if d != 0 else x
         elif i in in_place:  # an output updated in place is batched: so must its argument be
             x, mapped = jnp.broadcast_to(x, (size,) + jnp.shape(x)), True
-        elif method == "expand_dims":
+        elif unmapped is Unmapped.SIZE_ONE:
             x = jnp.expand_dims(x, 0)
-        elif method == "broadcast_all":
+        elif unmapped is Unmapped.BROADCAST:
             x, mapped = jnp.broadcast_to(x, (size,) + jnp.shape(x)), True
         new_args.append(x)
         masks.append((mapped,) + mask)
@@ -53,7 +52,7 @@ def _batch_self(args, dims, role: Role, kwargs: Kwargs, batch):
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     sizes = batch.sizes
     new_args, in_axes = [], []
-    in_place = {arg for _, arg in role.aliases}
+    in_place = {arg for _, arg in role.inplace_pairs}
     for i, (x, d, axes) in enumerate(zip(args, dims, batch.in_axes_for(len(args)))):
         if d is None and (axes or i >= role.n_fixed or i in in_place):
             # Keep every input mapped at all levels or at none, so that

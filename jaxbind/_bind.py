@@ -24,6 +24,6 @@ PRIMITIVES = (jaxbind_p, jaxbind_pinned_p)
 def bind(args, role, kwargs, batch=None):
     # Inside shard_map the inputs must vary over the same manual axes (see
     # cast_to_common_vma): every bind, the rules' included, goes through here.
-    placement = role.op.callback_sharding
-    primitive = jaxbind_p if placement is None or placement[1] is None else jaxbind_pinned_p
+    pinned = role.op.jax_callback is not None and role.op.jax_callback.sharding is not None
+    primitive = jaxbind_pinned_p if pinned else jaxbind_p
     return primitive.bind(*cast_to_common_vma(args), role=role, kwargs=kwargs, batch=batch)

@@ -139,6 +139,21 @@ class Family:
     linear: bool
 
 
+@dataclasses.dataclass(frozen=True)
+class JaxCallback:
+    """What makes an op behave as a JAX callback (``jaxbind.pure_callback``'s ops), declared in one place.
+
+    Such an op is placed in a sharded program as JAX places its own callbacks
+    (on ``sharding``'s device, else the program's first; on every device inside
+    ``shard_map``), refuses every derivative in ``jax.pure_callback``'s words,
+    vmaps only with a method (``vmap_method=None`` raises JAX's
+    ``NotImplementedError``), and is never exported. Room for JAX's other
+    callback semantics (``io_callback``'s ordered effects) when an op needs them.
+    """
+
+    sharding: Optional[object] = None  # a jax.sharding.Sharding pinning the call to one device, or None
+
+
 def dtype_name(dtype) -> str:
     """A dtype's name in messages and descriptions (``float0``'s, not its record layout)."""
     dtype = np.dtype(dtype)
@@ -164,9 +179,8 @@ class OpDef:
     vmap_method: str = "sequential"  # how vmap hands a batch to the callbacks (see _batch_types)
     n_residuals: int = 0  # arrays f writes after its outputs, for the derivatives only
     thread_safe: bool = False  # Python callbacks may run on several threads at once (walks spread)
-    # ("pure_callback", sharding) for an op made by jaxbind.pure_callback: placed, differentiated and
-    # vmapped (vmap_method None) as jax.pure_callback is; None for every other op.
-    callback_sharding: Optional[tuple] = None
+    # An op that behaves as a JAX callback (jaxbind.pure_callback's), or None for every other op.
+    jax_callback: Optional["JaxCallback"] = None
     # ((output, argument), ...): forward outputs that are arguments updated in place (see _lowering)
     inplace: Tuple[Tuple[int, int], ...] = ()
 
@@ -185,7 +199,7 @@ class OpDef:
 
     def _key(self):
         return (self.kind, self.name, self.families, self.first_n_args_fixed, self.func_can_batch,
-                self.vmap_method, self.n_residuals, self.thread_safe, self.callback_sharding, self.inplace)
+                self.vmap_method, self.n_residuals, self.thread_safe, self.jax_callback, self.inplace)
 
     def __eq__(self, other):
         return isinstance(other, OpDef) and (self is other or self._key() == other._key())
@@ -250,7 +264,7 @@ class OpDef:
 
     def no_derivatives_error(self, requested: str) -> ValueError:
         """The error for differentiating an op made without derivatives."""
-        if self.callback_sharding is not None:  # jax.pure_callback's words, which code may test for
+        if self.jax_callback is not None:  # jax.pure_callback's words, which code may test for
             what = "transpose" if "transpose" in requested else "JVP"
             rule = "jax.custom_vjp" if what == "transpose" else "jax.custom_jvp"
             return ValueError(
@@ -346,8 +360,8 @@ class Role:
         return self.op.families[self.family].labels[self.slot]
 
     @property
-    def aliases(self) -> Tuple[Tuple[int, int], ...]:
-        """(output, input) pairs this call updates in place: the op's ``inplace``, forward calls only."""
+    def inplace_pairs(self) -> Tuple[Tuple[int, int], ...]:
+        """(output, argument) pairs this call updates in place: the op's ``inplace``, forward calls only."""
         return self.op.inplace if self.callback_kind is CallbackKind.FORWARD else ()
 
     @property

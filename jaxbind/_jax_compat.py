@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+# What the other modules import from here (the rest is this module's own).
+__all__ = [
+    "ArrayImpl", "Primitive", "ad", "add_keepalive", "apply_primitive", "at_top_level", "auto_device_count",
+    "batch_partitioning_attributes", "batching", "canonicalize_dtype", "cast_to_common_vma", "get_aval",
+    "hold_weakly_in_jax_caches", "lowering_for_export", "lru_cleared_with_jax_caches", "mlir",
+    "needs_devices_to_lower", "place_callback", "register_batch_partitionable", "register_replication_rules",
+    "reshard_like", "runtime_error_of_fast_path", "set_frontend_attribute", "shaped_array", "sharding_spec",
+    "varying_axes",
+]
+
 import inspect
 import itertools
 
@@ -248,11 +258,6 @@ def runtime_error_of_fast_path(err: ValueError, prefixes: tuple):
     return jax.errors.JaxRuntimeError(str(err)).with_traceback(err.__traceback__)
 
 
-__all__ = [
-    "Primitive", "ad", "apply_primitive", "auto_device_count", "batch_partitioning_attributes", "batching",
-    "cast_to_common_vma", "get_aval", "mlir", "register_batch_partitionable", "register_replication_rules", "reshard_like",
-    "runtime_error_of_fast_path", "set_frontend_attribute", "shaped_array", "sharding_spec", "varying_axes",
-]
 
 
 def place_callback(ctx, results, sharding) -> None:

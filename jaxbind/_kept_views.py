@@ -1,7 +1,7 @@
 """Views a callback kept: the heap sweep that cuts off everything else that reaches their memory,
 and, for ``jaxbind.pure_callback``, private copies for the arrays its callback kept.
 
-The compiled core (``views.cc``) calls :func:`retire_aliases`, which
+The compiled core (``views.cc``) calls :func:`retire_overlapping`, which
 ``_runtime`` hands it at import, when a callback kept one of its arrays, and
 only then: the sweep walks the heap. ``jaxbind.pure_callback``'s callback may
 keep its inputs, as ``jax.pure_callback``'s may: :func:`own_copy` and
@@ -23,17 +23,17 @@ import numpy as np
 
 from . import _trampoline
 
-__all__ = ["give_copies", "own_copy", "retire_aliases"]
+__all__ = ["give_copies", "own_copy", "retire_overlapping"]
 
 _PROXY_TYPES = (weakref.ProxyType, weakref.CallableProxyType)
 _CTYPES_TYPE = type(np.empty(0).ctypes)  # what ``array.ctypes`` is (a class private to NumPy)
 
 
-def retire_aliases(views):
+def retire_overlapping(views):
     """Cut off every other array and memoryview that reaches the memory of ``views``.
 
     Called by the trampoline when a callback kept one of its arrays (only then:
-    it walks the heap), before the views themselves are retired. An alias is a
+    it walks the heap), before the views themselves are retired. An overlapping array is a
     NumPy array whose memory overlaps a view's, whatever its ``base`` chain (a
     slice, ``np.frombuffer``, a DLPack import), unless that chain ends at a JAX
     array (the memory is that array's: the user's own zero-copy view of an
@@ -50,16 +50,16 @@ def retire_aliases(views):
         return r is not None and any(r[0] < high and low < r[1] for low, high in ranges)
 
     referents = gc.get_referents(*holders)
-    aliases = {}
+    overlapping = {}
     for obj in referents:
         if type(obj) in _PROXY_TYPES:
             continue
         if (isinstance(obj, np.ndarray) and id(obj) not in kept_ids and not obj.flags.owndata
-                and id(obj) not in aliases and overlaps(obj)):
+                and id(obj) not in overlapping and overlaps(obj)):
             owner = _owner(obj, kept_ids)
             if owner is True or (owner is not None and not isinstance(owner, jax.Array)):
-                aliases[id(obj)] = obj
-    reaching = kept_ids | set(aliases)
+                overlapping[id(obj)] = obj
+    reaching = kept_ids | set(overlapping)
     memoryviews = []
     for holder in holders:
         if isinstance(holder, memoryview):
@@ -69,14 +69,14 @@ def retire_aliases(views):
             except ValueError:  # released
                 pass
     holders_of_pointers = _pointer_holders(itertools.chain(holders, referents), reaching, overlaps)
-    for array in aliases.values():
+    for array in overlapping.values():
         _trampoline.retire(array)
     # A JAX array imported without a copy (jnp.from_dlpack of an output) is
     # deleted. Only outputs' memory counts: an input's may be the caller's own
     # JAX array, and arrays still being computed are never touched.
     out_ranges = [_byte_range(v) for v in views if v.flags.writeable and v.size]
     for holder in holders:
-        if isinstance(holder, jax.Array) and out_ranges and _aliases_memory(holder, out_ranges):
+        if isinstance(holder, jax.Array) and out_ranges and _shares_memory(holder, out_ranges):
             holder.delete()
     for view in memoryviews:
         try:
@@ -219,7 +219,7 @@ def _owner(array, kept_ids):
     return None
 
 
-def _aliases_memory(array, ranges) -> bool:
+def _shares_memory(array, ranges) -> bool:
     """Whether a computed, single-buffer JAX array's memory starts inside one of ``ranges``."""
     try:
         if array.is_deleted() or not array.is_ready():

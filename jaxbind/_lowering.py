@@ -54,8 +54,10 @@ def _validity(ctx, levels: int, padded: tuple):
     return (value[0] if isinstance(value, (list, tuple)) else value), aval
 
 
-def _aliases(ctx, role: Role) -> dict:
+def _operand_output_aliases(ctx, role: Role) -> dict:
     """{operand: result} for the outputs updated in place: XLA gives each its operand's buffer.
+
+    (XLA's word and direction: an ``inplace`` pair (output, argument) is the alias argument -> output.)
 
     XLA's buffer assignment passes the operand's own buffer when nothing reads
     it after the call (a donated parameter, a loop carry, a dead intermediate)
@@ -63,7 +65,7 @@ def _aliases(ctx, role: Role) -> dict:
     never changed.
     """
     aliases = {}
-    for out, arg in role.aliases:
+    for out, arg in role.inplace_pairs:
         given, made = ctx.avals_in[arg], ctx.avals_out[out]
         if given.shape != made.shape or given.dtype != made.dtype:  # (the batching rules align them)
             raise JaxbindError(
@@ -76,8 +78,8 @@ def _aliases(ctx, role: Role) -> dict:
 
 def jaxbind_lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
     target = ASYNC_TARGET if getattr(role.callback, "concurrent", False) else TARGET
-    placement = role.op.callback_sharding  # jaxbind.pure_callback's: placed as jax.pure_callback is
-    pinned = placement is not None and placement[1] is not None
+    jax_callback = role.op.jax_callback  # jaxbind.pure_callback's: placed as jax.pure_callback is
+    pinned = jax_callback is not None and jax_callback.sharding is not None
     # A batch XLA may split over devices, unless the callback is pinned to one device.
     levels = 0 if pinned else as_batch(batch).partitionable_levels()
     padded = _padded_levels(ctx, levels)
@@ -93,13 +95,13 @@ def jaxbind_lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
         handle = site_for(role, kwargs, batch, avals_in, ctx.avals_out, bool(padded))
         add_keepalive(ctx, handle)  # the site lives as long as the compiled program
         text, key = handle.description, handle.key
-    aliases = _aliases(ctx, role)
+    aliases = _operand_output_aliases(ctx, role)
     if not levels and not aliases:
         rule = _ffi_lowerings[target]
     else:
         extra = batch_partitioning_attributes(ctx, levels, avals_in) if levels else None
         rule = jax.ffi.ffi_lowering(target, extra_attributes=extra, operand_output_aliases=aliases or None)
     results = rule(ctx.replace(avals_in=avals_in), *args, jaxbind=text, site=np.int64(key))
-    if placement is not None and not levels and results:
-        place_callback(ctx, results, placement[1])
+    if jax_callback is not None and not levels and results:
+        place_callback(ctx, results, jax_callback.sharding)
     return set_frontend_attribute(results, "jaxbind_op", role.op.name)  # the name in the HLO

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _trampoline
 from ._jax_compat import register_batch_partitionable
-from ._kept_views import retire_aliases
+from ._kept_views import retire_overlapping
 
 __all__ = ["ASYNC_TARGET", "SUPPORTED_DTYPES", "TARGET", "config"]
 
@@ -160,5 +160,5 @@ def _at_exit():
 
 
 _trampoline.set_error_formatter(format_callback_error)
-_trampoline.set_alias_retirer(retire_aliases)
+_trampoline.set_overlap_retirer(retire_overlapping)
 atexit.register(_at_exit)

@@ -58,7 +58,7 @@ import jax
 import numpy as np
 
 from . import _trampoline
-from ._batch_types import SelfBatch, WalkBatch, as_batch
+from ._batch_types import as_batch, batch_from_description
 from ._definition import JaxbindError, OpDef, Role, dtype_name
 from ._kwargs import Kwargs, kernel_kwargs
 from ._native import NativeKernel
@@ -184,30 +184,6 @@ def _structure(definition: OpDef) -> dict:
     return structure
 
 
-# The description's field for a self-batched call. Its name since schema 1, from when that kind was
-# called "native" batching; kept, since renaming it would change the key of every such site and make
-# the programs made so far unreadable (a new schema).
-_SELF_BATCH_FIELD = "native"
-
-
-def _batch_json(batch):
-    if batch is None:
-        return None
-    if isinstance(batch, WalkBatch):
-        return {"walk": [[int(m) for m in mask] for mask in batch.masks]}
-    return {_SELF_BATCH_FIELD: [[list(a) for a in batch.in_axes], [list(a) for a in batch.out_axes],
-                                list(batch.sizes)]}
-
-
-def _batch_from_json(value):
-    if value is None:
-        return None
-    if "walk" in value:
-        return WalkBatch(tuple(tuple(bool(m) for m in mask) for mask in value["walk"]))
-    in_axes, out_axes, sizes = value[_SELF_BATCH_FIELD]
-    return SelfBatch(tuple(map(tuple, in_axes)), tuple(map(tuple, out_axes)), tuple(sizes))
-
-
 def _avals_json(avals):
     return [[list(a.shape), dtype_name(a.dtype)] for a in avals]
 
@@ -240,7 +216,7 @@ def describe(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: boo
         "op": definition.name,
         "def": _structure(definition),
         "role": [role.family, role.slot, role.n_fixed, list(role.in_sizes)],
-        "batch": _batch_json(batch),
+        "batch": as_batch(batch).description(),
         "padded": bool(padded),
         "in": _avals_json(avals_in),
         "out": _avals_json(avals_out),
@@ -314,7 +290,7 @@ def _register(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded, ke
 def check_exportable(role: Role) -> None:
     """A serialized program names ops by name: refuse one another process could not resolve."""
     name = role.op.name
-    if role.op.callback_sharding is not None:  # jaxbind.pure_callback's: a function, not an op
+    if role.op.jax_callback is not None:  # jaxbind.pure_callback's: a function, not an op
         raise NotImplementedError(
             f"jaxbind.export: the program calls {name}, and serialization of host_callbacks is not "
             "yet implemented (jax.export refuses jax.pure_callback the same way): a serialized "
@@ -431,7 +407,7 @@ def _call_of(description: dict, definition: OpDef, label: str):
                 and 0 <= slot < len(definition.families[family].callbacks)):
             raise ValueError("no such callback")
         role = Role(definition, family, slot, n_fixed, tuple(in_sizes))
-        batch = _batch_from_json(description["batch"])
+        batch = batch_from_description(description["batch"])
         padded = description["padded"]
         if not isinstance(padded, bool):
             raise TypeError("'padded' is not true or false")

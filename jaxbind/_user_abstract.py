@@ -121,9 +121,9 @@ def _raise_abstract_failure(role: Role, err: Exception):
     raise err
 
 
-def check_inplace(role: Role, structs, outs, batch_axes=None):
+def check_inplace_outputs(role: Role, structs, outs, batch_axes=None):
     """Each in-place output is its argument: an output and an argument there are, of one shape and dtype."""
-    for out, arg in role.aliases:
+    for out, arg in role.inplace_pairs:
         where = f"jaxbind {role.label}: inplace maps output {out} to argument {arg}"
         if out >= len(outs):
             raise ValueError(f"{where}, but its abstract declares {len(outs)} output(s) "
@@ -217,8 +217,8 @@ def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axi
                 )
             axis = int(axis) % len(shape)
         outs.append((shape, dtype, axis))
-    if role.aliases:
-        check_inplace(role, structs, outs, None if batch_axes is None else role.abstract_inputs(batch_axes))
+    if role.inplace_pairs:
+        check_inplace_outputs(role, structs, outs, None if batch_axes is None else role.abstract_inputs(batch_axes))
     if role.declares_residuals:
         k = role.op.n_residuals
         if len(outs) <= k:

@@ -432,3 +432,29 @@ def test_pure_callback_at_two_levels_is_jaxs(method, where):
         assert not isinstance(got, Exception), got
         assert got.shape == want.shape == (OUTER, INNER, 4)
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_each_front_door_takes_the_methods_of_the_one_table_in_jaxs_words():
+    from jaxbind import _vmap_methods
+
+    x = jnp.ones(3)
+    for bad in ("nope", "SEQUENTIAL", 0):
+        with pytest.raises(ValueError) as theirs:
+            jax.pure_callback(np.sin, x, x, vmap_method=bad)
+        with pytest.raises(ValueError) as ours:
+            jaxbind.pure_callback(np.sin, x, x, vmap_method=bad)
+        assert str(ours.value) == str(theirs.value)
+    # vmap_method=None under vmap: JAX's NotImplementedError, listing the same methods
+    with pytest.raises(NotImplementedError, match=r"is one of 'sequential', 'sequential_unrolled', 'expand_dims', "
+                                                  r"'broadcast_all', or 'legacy_vectorized'. Got vmap_method=None"):
+        jax.vmap(lambda v: jaxbind.pure_callback(np.sin, v, v))(jnp.ones((2, 3)))
+    # an op takes the table's methods of its door, and no other
+    like = lambda x, **kwargs: ((x.shape, x.dtype),)  # noqa: E731
+    for name in _vmap_methods.accepted(_vmap_methods.DOOR_OP):
+        jaxbind.get_nonlinear_call(lambda out, args, kw: None, None, like, None, vmap_method=name)
+    for name in ("sequential_unrolled", "legacy_vectorized", None):
+        with pytest.raises(ValueError, match="vmap_method must be one of 'sequential', 'expand_dims', "
+                                             "'broadcast_all'"):
+            jaxbind.get_nonlinear_call(lambda out, args, kw: None, None, like, None, vmap_method=name)
+    # an alias is its method: the same op
+    assert _vmap_methods.named("sequential_unrolled", _vmap_methods.DOOR_PURE_CALLBACK) == "sequential"
