@@ -24,8 +24,7 @@ HANDLERS = ("floor_double", "floor_double_attributes", "floor_empty")
 
 def _command(output):
     compiler = shlex.split(os.environ.get("CXX") or "c++")
-    return compiler + ["-O2", "-std=c++17", "-shared", "-fPIC",
-                       "-I", jax.ffi.include_dir(), SOURCE, "-o", output]
+    return compiler + ["-O2", "-std=c++17", "-shared", "-fPIC", "-I", jax.ffi.include_dir(), SOURCE, "-o", output]
 
 
 def _build():
@@ -38,11 +37,15 @@ def _build():
         try:
             done = subprocess.run(_command(partial), capture_output=True, text=True)
         except FileNotFoundError:
-            raise RuntimeError(f"compiling the floor handlers needs a C++17 compiler: {_command('')[0]} "
-                               "was not found (set $CXX, or install g++)") from None
+            raise RuntimeError(
+                f"compiling the floor handlers needs a C++17 compiler: {_command('')[0]} "
+                "was not found (set $CXX, or install g++)"
+            ) from None
         if done.returncode != 0:
-            raise RuntimeError(f"compiling the floor handlers failed ({' '.join(_command(partial))}): "
-                               f"a C++17 compiler is needed ($CXX)\n{done.stdout}{done.stderr}")
+            raise RuntimeError(
+                f"compiling the floor handlers failed ({' '.join(_command(partial))}): "
+                f"a C++17 compiler is needed ($CXX)\n{done.stdout}{done.stderr}"
+            )
         os.replace(partial, path)
     return path
 

@@ -106,7 +106,7 @@ def interleaved_per_call(bodies, x, worker, repeats, target, plain=()):
     for _ in range(repeats):
         for measure, sample in zip(plain, samples):
             sample.append(measure())
-        for fn, k, sample in zip(fns, ks, samples[len(plain):]):
+        for fn, k, sample in zip(fns, ks, samples[len(plain) :]):
             t0 = timed(fn, x, 0)
             sample.append((timed(fn, x, k) - t0) / k)
     return [statistics.median(sample) for sample in samples]

@@ -29,13 +29,13 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import scipy  # noqa: E402
-import scipy.special  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+import scipy
+import scipy.special
+from _timing import median_seconds
 
-import jaxbind  # noqa: E402
-from _timing import median_seconds  # noqa: E402  (bench/ is the script folder)
+import jaxbind
 
 ORDER = 1.5
 EMPTY = "jaxbind, expand_dims, empty callbacks (the fixed cost)"
@@ -67,21 +67,36 @@ def empty(out, args, kwargs_dump):  # the fixed cost of a call: no work at all
 
 
 def make_op(method):
-    return jaxbind.get_nonlinear_call(kv, (kv_derivative, kv_derivative), kv_abstract, kv_reverse_abstract,
-                                      first_n_args_fixed=1, vmap_method=method, name=f"kv_{method}")
+    return jaxbind.get_nonlinear_call(
+        kv,
+        (kv_derivative, kv_derivative),
+        kv_abstract,
+        kv_reverse_abstract,
+        first_n_args_fixed=1,
+        vmap_method=method,
+        name=f"kv_{method}",
+    )
 
 
 @jax.custom_jvp
 def kv_pure_callback(x):
-    return jax.pure_callback(lambda x: scipy.special.kv(ORDER, x).astype(x.dtype),
-                             jax.ShapeDtypeStruct(x.shape, x.dtype), x, vmap_method="expand_dims")
+    return jax.pure_callback(
+        lambda x: scipy.special.kv(ORDER, x).astype(x.dtype),
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
+        x,
+        vmap_method="expand_dims",
+    )
 
 
 @kv_pure_callback.defjvp
 def _kv_pure_callback_jvp(primals, tangents):
     (x,), (t,) = primals, tangents
-    slope = jax.pure_callback(lambda x: kv_prime(ORDER, x).astype(x.dtype),
-                              jax.ShapeDtypeStruct(x.shape, x.dtype), x, vmap_method="expand_dims")
+    slope = jax.pure_callback(
+        lambda x: kv_prime(ORDER, x).astype(x.dtype),
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
+        x,
+        vmap_method="expand_dims",
+    )
     return kv_pure_callback(x), slope * t
 
 
@@ -104,16 +119,27 @@ def main():
         op = make_op(method)
         f = lambda x, op=op: op(ORDER, x)[0]
         rows[f"jaxbind, vmap_method={method!r}"] = (
-            jax.jit(jax.vmap(f)).__call__, jax.jit(jax.vmap(jax.grad(f))).__call__)
+            jax.jit(jax.vmap(f)).__call__,
+            jax.jit(jax.vmap(jax.grad(f))).__call__,
+        )
     rows["jax.pure_callback, vmap_method='expand_dims'"] = (
-        jax.jit(jax.vmap(kv_pure_callback)).__call__, jax.jit(jax.vmap(jax.grad(kv_pure_callback))).__call__)
+        jax.jit(jax.vmap(kv_pure_callback)).__call__,
+        jax.jit(jax.vmap(jax.grad(kv_pure_callback))).__call__,
+    )
 
-    empty_op = jaxbind.get_nonlinear_call(empty, (empty, empty), kv_abstract, kv_reverse_abstract,
-                                          first_n_args_fixed=1, vmap_method="expand_dims", name="empty")
-    empty_f = lambda x: empty_op(ORDER, x)[0]  # noqa: E731
+    empty_op = jaxbind.get_nonlinear_call(
+        empty,
+        (empty, empty),
+        kv_abstract,
+        kv_reverse_abstract,
+        first_n_args_fixed=1,
+        vmap_method="expand_dims",
+        name="empty",
+    )
+    empty_f = lambda x: empty_op(ORDER, x)[0]
     fixed_cost = (jax.jit(jax.vmap(empty_f)).__call__, jax.jit(jax.vmap(jax.grad(empty_f))).__call__)
 
-    for name, (forward, gradient) in rows.items():  # every row computes the right numbers
+    for _name, (forward, gradient) in rows.items():  # every row computes the right numbers
         np.testing.assert_allclose(np.asarray(forward() if gradient is None else forward(x)), want, rtol=1e-13)
         if gradient is not None:
             np.testing.assert_allclose(np.asarray(gradient(x)), want_grad, rtol=1e-13)
@@ -124,8 +150,10 @@ def main():
     names_all = list(rows)
     scipy_name = names_all[0]
     rows[EMPTY] = fixed_cost
-    groups = [[n for n in names_all[1:] if "sequential" not in n and "pure_callback" not in n] + [EMPTY],
-              [n for n in names_all[1:] if "sequential" in n or "pure_callback" in n]]
+    groups = [
+        [n for n in names_all[1:] if "sequential" not in n and "pure_callback" not in n] + [EMPTY],
+        [n for n in names_all[1:] if "sequential" in n or "pure_callback" in n],
+    ]
     forward_us, grad_us, floor_us, grad_floor_us = {}, {}, {}, {}
     for group in groups:
         calls = [rows[scipy_name][0], lambda: kv_prime(ORDER, x_np)]
@@ -135,9 +163,11 @@ def main():
             floor_us[n], grad_floor_us[n] = seconds[0], seconds[1]
             forward_us[n], grad_us[n] = seconds[2 + k], seconds[2 + len(group) + k]
 
-    print(f"scipy.special.kv over 1,000 float64 scalars; median of {repeats} interleaved repetitions, "
-          "one run; ratio = time / the same SciPy code called once on the NumPy array, measured "
-          "interleaved with it (kv for the op; the derivative -(k_{v-1} + k_{v+1})/2 for the grad).\n")
+    print(
+        f"scipy.special.kv over 1,000 float64 scalars; median of {repeats} interleaved repetitions, "
+        "one run; ratio = time / the same SciPy code called once on the NumPy array, measured "
+        "interleaved with it (kv for the op; the derivative -(k_{v-1} + k_{v+1})/2 for the grad).\n"
+    )
     print("| method | jit(vmap(op)), µs | SciPy kv, µs | ratio | jit(vmap(grad(op))), µs | SciPy kv', µs | ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for group in groups:
@@ -145,12 +175,19 @@ def main():
             if n == EMPTY:
                 print(f"| {n} | {forward_us[n]:.1f} | | | {grad_us[n]:.1f} | | |")
                 continue
-            print(f"| {n} | {forward_us[n]:.1f} | {floor_us[n]:.1f} | {forward_us[n] / floor_us[n]:.2f} | "
-                  f"{grad_us[n]:.1f} | {grad_floor_us[n]:.1f} | {grad_us[n] / grad_floor_us[n]:.2f} |")
+            print(
+                f"| {n} | {forward_us[n]:.1f} | {floor_us[n]:.1f} | {forward_us[n] / floor_us[n]:.2f} | "
+                f"{grad_us[n]:.1f} | {grad_floor_us[n]:.1f} | {grad_us[n] / grad_floor_us[n]:.2f} |"
+            )
 
     results = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "jax": jax.__version__,
-                    "numpy": np.__version__, "scipy": scipy.__version__},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "jax": jax.__version__,
+            "numpy": np.__version__,
+            "scipy": scipy.__version__,
+        },
         "repeats": repeats,
         "n": 1000,
         "scipy_us": floor_us,

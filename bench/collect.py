@@ -47,8 +47,11 @@ print(json.dumps(versions))
 
 
 def versions_of(python):
-    return json.loads(subprocess.run([python, "-c", VERSIONS], cwd=tempfile.gettempdir(),
-                                     capture_output=True, text=True, check=True).stdout)
+    return json.loads(
+        subprocess.run(
+            [python, "-c", VERSIONS], cwd=tempfile.gettempdir(), capture_output=True, text=True, check=True
+        ).stdout
+    )
 
 
 def run_one(name, python, script, extra, workdir):
@@ -68,10 +71,15 @@ def run_one(name, python, script, extra, workdir):
     with open(target) as handle:
         results = json.load(handle)
     run = {
-        "script": f"bench/{script}", "arguments": extra, "started_utc": started.isoformat(timespec="seconds"),
-        "seconds": round(seconds, 1), "cpus": os.cpu_count(),
-        "load_average_before": load_before, "load_average_after": load_after,
-        "versions": versions_of(python), "printed": completed.stdout,
+        "script": f"bench/{script}",
+        "arguments": extra,
+        "started_utc": started.isoformat(timespec="seconds"),
+        "seconds": round(seconds, 1),
+        "cpus": os.cpu_count(),
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+        "versions": versions_of(python),
+        "printed": completed.stdout,
     }
     print(f"    {seconds:.0f} s, load {load_after[0]:.2f} after", flush=True)
     return {"run": run, "results": results}
@@ -79,21 +87,30 @@ def run_one(name, python, script, extra, workdir):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jaxbind131-python", default="/work/venv-jaxbind131/bin/python",
-                        help="the Python of a venv with jaxbind==1.3.1 (see bench/jaxbind131.py)")
+    parser.add_argument(
+        "--jaxbind131-python",
+        default="/work/venv-jaxbind131/bin/python",
+        help="the Python of a venv with jaxbind==1.3.1 (see bench/jaxbind131.py)",
+    )
     parser.add_argument("--quick", action="store_true", help="the benchmarks' --quick modes (not for the figures)")
     parser.add_argument("--only", default="overhead,numba,thread_safe,scaling,solvers,setup")
-    parser.add_argument("--pairs", type=int, default=3,
-                        help="how many times overhead.py and jaxbind131.py each run, taking turns")
+    parser.add_argument(
+        "--pairs", type=int, default=3, help="how many times overhead.py and jaxbind131.py each run, taking turns"
+    )
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     options = parser.parse_args()
     quick = ["--quick"] if options.quick else []
     me = sys.executable
     groups = {
         # name: [(file name, python, script, extra arguments), ...]
-        "overhead": [run for k in range(1, options.pairs + 1)
-                     for run in ((f"overhead-{k}", me, "overhead.py", quick),
-                                 (f"jaxbind131-{k}", options.jaxbind131_python, "jaxbind131.py", quick))],
+        "overhead": [
+            run
+            for k in range(1, options.pairs + 1)
+            for run in (
+                (f"overhead-{k}", me, "overhead.py", quick),
+                (f"jaxbind131-{k}", options.jaxbind131_python, "jaxbind131.py", quick),
+            )
+        ],
         "numba": [("numba", me, "numba_kernels.py", quick)],
         "thread_safe": [("thread_safe", me, "thread_safe.py", quick)],
         "scaling": [("scaling", me, "scaling.py", quick)],
@@ -107,8 +124,9 @@ def main():
     os.makedirs(options.out, exist_ok=True)
     with tempfile.TemporaryDirectory() as workdir:
         for group in wanted:
-            done = {name: run_one(name, python, script, extra, workdir)
-                    for name, python, script, extra in groups[group]}
+            done = {
+                name: run_one(name, python, script, extra, workdir) for name, python, script, extra in groups[group]
+            }
             if group == "overhead":  # no stale runs of an earlier, longer series
                 for stem in ("overhead", "jaxbind131"):
                     k = options.pairs + 1

@@ -33,8 +33,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -49,11 +49,20 @@ ORANGE, LIGHT_ORANGE = "#d9730d", "#f2b275"
 BLUE, LIGHT_BLUE, DARK_BLUE = "#1f5fa8", "#7fb2e5", "#0b2e59"
 GREEN = "#2e8b57"
 
-plt.rcParams.update({
-    "font.size": 9.5, "axes.titlesize": 10.5, "axes.labelsize": 9.5, "legend.fontsize": 8.5,
-    "xtick.labelsize": 9, "ytick.labelsize": 9, "figure.titlesize": 11.5, "axes.spines.top": False,
-    "axes.spines.right": False, "savefig.facecolor": "white",
-})
+plt.rcParams.update(
+    {
+        "font.size": 9.5,
+        "axes.titlesize": 10.5,
+        "axes.labelsize": 9.5,
+        "legend.fontsize": 8.5,
+        "xtick.labelsize": 9,
+        "ytick.labelsize": 9,
+        "figure.titlesize": 11.5,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "savefig.facecolor": "white",
+    }
+)
 
 
 # ---------------------------------------------------------------------------
@@ -90,14 +99,15 @@ def finish(fig, path, title, note, runs, sources, top=0.45):
     packages = sorted({(r["run"]["versions"].get("jaxbind", "?"), r["run"]["versions"]["jax"]) for r in runs})
     jaxes = sorted({jax for _, jax in packages})
     what = " and ".join(("JAXbind " if b.startswith("1.") else "jaxbind ") + b for b, _ in packages)
-    machine = (f"{first['cpus']} cores, Python {v['python']}, {what} on jax {' / '.join(jaxes)}, numpy {v['numpy']}"
-               + (f", numba {v['numba']}" if any("numba" in s for s in sources) else "")
-               + (f", scipy {v['scipy']}" if any("solvers" in s for s in sources) else "")
-               + f"; measured {', '.join(dates)}, load average "
-               + (f"{min(loads):.1f}–{max(loads):.1f}" if f"{min(loads):.1f}" != f"{max(loads):.1f}" else f"{min(loads):.1f}"))
+    machine = (
+        f"{first['cpus']} cores, Python {v['python']}, {what} on jax {' / '.join(jaxes)}, numpy {v['numpy']}"
+        + (f", numba {v['numba']}" if any("numba" in s for s in sources) else "")
+        + (f", scipy {v['scipy']}" if any("solvers" in s for s in sources) else "")
+        + f"; measured {', '.join(dates)}, load average "
+        + (f"{min(loads):.1f}–{max(loads):.1f}" if f"{min(loads):.1f}" != f"{max(loads):.1f}" else f"{min(loads):.1f}")
+    )
     data = "Data: " + ", ".join(f"bench/results/{s}" for s in sources) + "; drawn by bench/figures.py"
-    fig.text(0.01, 0.06 / height, machine + "\n" + data, fontsize=7, color="#555555", va="bottom",
-             linespacing=1.3)
+    fig.text(0.01, 0.06 / height, machine + "\n" + data, fontsize=7, color="#555555", va="bottom", linespacing=1.3)
     note = "\n".join(textwrap.wrap(note, 128))  # 7.5 pt over 7 inches
     lines = note.count("\n") + 1
     fig.text(0.01, 0.42 / height, note, fontsize=7.5, color="#222222", va="bottom", linespacing=1.3)
@@ -110,8 +120,16 @@ def finish(fig, path, title, note, runs, sources, top=0.45):
 
 def top_legend(fig, handles, labels, ncol):
     height = fig.get_figheight()
-    fig.legend(handles, labels, ncol=ncol, loc="upper left", bbox_to_anchor=(0.0, 1 - 0.3 / height),
-               frameon=False, columnspacing=1.2, handlelength=1.6)
+    fig.legend(
+        handles,
+        labels,
+        ncol=ncol,
+        loc="upper left",
+        bbox_to_anchor=(0.0, 1 - 0.3 / height),
+        frameon=False,
+        columnspacing=1.2,
+        handlelength=1.6,
+    )
 
 
 def number(value):
@@ -154,43 +172,68 @@ def per_call_figure(results, path, mode="caller"):
     for j, (label, stem, key, colour, hatch) in enumerate(rows):
         for i, size in enumerate(sizes):
             key = key.replace("[caller]", f"[{mode}]")
-            values = [r["results"]["per_call_us"][size][key] for r in runs[stem]
-                      if key in r["results"]["per_call_us"].get(size, {})]
+            values = [
+                r["results"]["per_call_us"][size][key]
+                for r in runs[stem]
+                if key in r["results"]["per_call_us"].get(size, {})
+            ]
             if not values:
                 continue
             m, low, high = spread(values)
             x = i + (j - (len(rows) - 1) / 2) * width
-            ax.bar(x, m, width * 0.92, color=colour, hatch=hatch, edgecolor="white" if hatch else colour,
-                   linewidth=0, label=label if i == 0 else None)
+            ax.bar(
+                x,
+                m,
+                width * 0.92,
+                color=colour,
+                hatch=hatch,
+                edgecolor="white" if hatch else colour,
+                linewidth=0,
+                label=label if i == 0 else None,
+            )
             ax.errorbar(x, m, yerr=[[low], [high]], fmt="none", ecolor="black", elinewidth=0.8, capsize=1.5)
             ax.text(x, m + high, f" {number(m)}", rotation=90, ha="center", va="bottom", fontsize=7)
     ax.set_yscale("log")
     ax.set_ylim(0.05, ax.get_ylim()[1] * 2.5)
-    ax.set_xticks(range(len(sizes)), [f"{int(s):,} float64" + (" number" if s == "1" else " numbers")
-                                      for s in sizes])
+    ax.set_xticks(range(len(sizes)), [f"{int(s):,} float64" + (" number" if s == "1" else " numbers") for s in sizes])
     ax.set_xlabel("array size (y = 2 x)")
     ax.set_ylabel("time per call, µs (log scale)")
     ax.grid(axis="y", which="major", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
-    title = ("Per-call cost of a callback op inside a jitted loop" if mode == "caller" else
-             "Per-call cost, in a program XLA runs on its worker threads")
+    title = (
+        "Per-call cost of a callback op inside a jitted loop"
+        if mode == "caller"
+        else "Per-call cost, in a program XLA runs on its worker threads"
+    )
     if not runs["jaxbind131"]:
         title += " (JAXbind 1.3.1: not measured)"
     handles, labels = ax.get_legend_handles_labels()
     blank = Patch(visible=False)
     columns = {"jax": [], "JAXbind": [], "jaxbind": []}  # one column per package
-    for h, l in zip(handles, labels):
-        columns["jax" if not l.lower().startswith("jaxbind") else l.split()[0].rstrip(",")].append((h, l))
+    for h, label in zip(handles, labels):
+        columns["jax" if not label.lower().startswith("jaxbind") else label.split()[0].rstrip(",")].append((h, label))
     rows = max(len(c) for c in columns.values())
     cells = [cell for c in columns.values() for cell in c + [(blank, "")] * (rows - len(c))]
-    top_legend(fig, [h for h, _ in cells], [l for _, l in cells], ncol=3)
+    top_legend(fig, [h for h, _ in cells], [label for _, label in cells], ncol=3)
     n = len(runs["overhead"])
-    where = ("; XLA runs this tiny program on the calling thread." if mode == "caller" else
-             ", beside an independent sum(sin(x)) that makes XLA run the program on its own threads.")
-    note = (f"(T(K) − T(0)) / K of K calls in one jitted lax.fori_loop with a traced trip count{where}"
-            + f" Bars: median of {n} runs taking turns, whiskers: lowest and highest run.")
-    finish(fig, path, title, note, runs["overhead"] + runs["jaxbind131"],
-           ["overhead-*.json", "jaxbind131-*.json"], top=0.05 + 0.2 * rows)
+    where = (
+        "; XLA runs this tiny program on the calling thread."
+        if mode == "caller"
+        else ", beside an independent sum(sin(x)) that makes XLA run the program on its own threads."
+    )
+    note = (
+        f"(T(K) − T(0)) / K of K calls in one jitted lax.fori_loop with a traced trip count{where}"
+        + f" Bars: median of {n} runs taking turns, whiskers: lowest and highest run."
+    )
+    finish(
+        fig,
+        path,
+        title,
+        note,
+        runs["overhead"] + runs["jaxbind131"],
+        ["overhead-*.json", "jaxbind131-*.json"],
+        top=0.05 + 0.2 * rows,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -204,29 +247,51 @@ def vmap_cores_figure(results, path):
     if numba:
         for r in numba["results"]["every_core"]:
             kind = "numba kernel" if r["kernel"].startswith("numba") else "C kernel"
-            rows.append((f"{kind}, ~{r['per_element_us']:.0f} µs per element\n(numba_kernels.py)", r["ratio"],
-                         f"{r['vmap_us'] / 1e3:.1f} ms vs {r['loop_us'] / 1e3:.1f} ms",
-                         GREEN if kind == "numba kernel" else DARK_BLUE))
+            rows.append(
+                (
+                    f"{kind}, ~{r['per_element_us']:.0f} µs per element\n(numba_kernels.py)",
+                    r["ratio"],
+                    f"{r['vmap_us'] / 1e3:.1f} ms vs {r['loop_us'] / 1e3:.1f} ms",
+                    GREEN if kind == "numba kernel" else DARK_BLUE,
+                )
+            )
     if scaling:
         for r in scaling["results"]["every_core"]:
-            label = (f"C kernel, ~{r['loop_us'] / r['elements']:.0f} µs per element" if "jb_busy" in r["case"]
-                     else "C kernel, < 1 µs per element (4 numbers)")
-            detail = (f"{r['vmap_us'] / 1e3:.1f} ms vs {r['loop_us'] / 1e3:.1f} ms" if r["loop_us"] > 1000
-                      else f"{r['vmap_us']:.1f} µs vs {r['loop_us']:.1f} µs")
+            label = (
+                f"C kernel, ~{r['loop_us'] / r['elements']:.0f} µs per element"
+                if "jb_busy" in r["case"]
+                else "C kernel, < 1 µs per element (4 numbers)"
+            )
+            detail = (
+                f"{r['vmap_us'] / 1e3:.1f} ms vs {r['loop_us'] / 1e3:.1f} ms"
+                if r["loop_us"] > 1000
+                else f"{r['vmap_us']:.1f} µs vs {r['loop_us']:.1f} µs"
+            )
             rows.append((f"{label}\n(scaling.py)", r["ratio"], detail, DARK_BLUE))
     if safe:
         for label, r in safe["results"].items():
-            short = ("Python callback, NumPy on 10⁵ numbers\n(releases the GIL; thread_safe.py)"
-                     if "releases" in label else "Python callback, Python loop\n(holds the GIL; thread_safe.py)")
-            rows.append((short, r["ratio"], f"{number(r['thread_safe_ms'])} ms vs {number(r['one_thread_ms'])} ms", BLUE))
+            short = (
+                "Python callback, NumPy on 10⁵ numbers\n(releases the GIL; thread_safe.py)"
+                if "releases" in label
+                else "Python callback, Python loop\n(holds the GIL; thread_safe.py)"
+            )
+            rows.append(
+                (short, r["ratio"], f"{number(r['thread_safe_ms'])} ms vs {number(r['one_thread_ms'])} ms", BLUE)
+            )
     if not rows:
         raise SystemExit(f"no numba.json, scaling.json or thread_safe.json in {results}")
     fig, ax = plt.subplots(figsize=(WIDTH, 0.6 * len(rows) + 2.6))
     y = list(range(len(rows)))[::-1]
     ax.barh(y, [r[1] for r in rows], height=0.6, color=[r[3] for r in rows])
     for yi, (_, ratio, detail, _) in zip(y, rows):
-        ax.text(ratio + 0.02, yi, f"{ratio:.2f}   ({detail})", va="center", fontsize=8,
-                bbox=dict(facecolor="white", edgecolor="none", pad=0.6, alpha=0.85))
+        ax.text(
+            ratio + 0.02,
+            yi,
+            f"{ratio:.2f}   ({detail})",
+            va="center",
+            fontsize=8,
+            bbox=dict(facecolor="white", edgecolor="none", pad=0.6, alpha=0.85),
+        )
     ax.set_yticks(y, [r[0] for r in rows], fontsize=8.5)
     top = max(1.6, max(r[1] for r in rows) + 0.95)
     ax.set_xlim(0, top)
@@ -236,16 +301,30 @@ def vmap_cores_figure(results, path):
     ax.text(0.5, len(rows) - 0.45, "2 cores' ideal ", fontsize=7.5, va="bottom", ha="right")
     ax.set_xlabel("time of the vmapped call / time of the reference (lower is faster)")
     ax.set_ylim(-0.6, len(rows) - 0.1)
-    top_legend(fig, [Patch(color=DARK_BLUE), Patch(color=GREEN), Patch(color=BLUE)],
-               ["C kernel: vmap / 64 single calls in a fori_loop",
-                "numba kernel: vmap / 64 single calls in a fori_loop",
-                "Python callback: thread_safe=True / the one-thread walk"], ncol=1)
-    note = ("Each time: one whole jitted call, the median of interleaved repetitions after a warm-up "
-            "(bench/_timing.py); in brackets: the vmapped call against its reference.")
+    top_legend(
+        fig,
+        [Patch(color=DARK_BLUE), Patch(color=GREEN), Patch(color=BLUE)],
+        [
+            "C kernel: vmap / 64 single calls in a fori_loop",
+            "numba kernel: vmap / 64 single calls in a fori_loop",
+            "Python callback: thread_safe=True / the one-thread walk",
+        ],
+        ncol=1,
+    )
+    note = (
+        "Each time: one whole jitted call, the median of interleaved repetitions after a warm-up "
+        "(bench/_timing.py); in brackets: the vmapped call against its reference."
+    )
     runs = [r for r in (numba, scaling, safe) if r]
-    finish(fig, path, "vmap over 64 elements: one call whose walk spreads over the cores", note, runs,
-           [n for n, r in (("numba.json", numba), ("scaling.json", scaling), ("thread_safe.json", safe)) if r],
-           top=0.5)
+    finish(
+        fig,
+        path,
+        "vmap over 64 elements: one call whose walk spreads over the cores",
+        note,
+        runs,
+        [n for n, r in (("numba.json", numba), ("scaling.json", scaling), ("thread_safe.json", safe)) if r],
+        top=0.5,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -254,19 +333,33 @@ def vmap_cores_figure(results, path):
 
 BATCH_ROWS = [
     # label, file stem, key in other_us, colour
-    ("jax.pure_callback, vmap_method='sequential'", "overhead", "vmap 64x1000: pure_callback vmap_method=sequential",
-     GREY),
-    ("jax.pure_callback, vmap_method='expand_dims'", "overhead",
-     "vmap 64x1000: pure_callback vmap_method=expand_dims", LIGHT_GREY),
-    ("jax.pure_callback, vmap_method='broadcast_all'", "overhead",
-     "vmap 64x1000: pure_callback vmap_method=broadcast_all", LIGHT_GREY),
-    ("JAXbind 1.3.1, without func_can_batch", "jaxbind131", "vmap 64x1000: JAXbind 1.3.1 (no func_can_batch)",
-     ORANGE),
+    (
+        "jax.pure_callback, vmap_method='sequential'",
+        "overhead",
+        "vmap 64x1000: pure_callback vmap_method=sequential",
+        GREY,
+    ),
+    (
+        "jax.pure_callback, vmap_method='expand_dims'",
+        "overhead",
+        "vmap 64x1000: pure_callback vmap_method=expand_dims",
+        LIGHT_GREY,
+    ),
+    (
+        "jax.pure_callback, vmap_method='broadcast_all'",
+        "overhead",
+        "vmap 64x1000: pure_callback vmap_method=broadcast_all",
+        LIGHT_GREY,
+    ),
+    ("JAXbind 1.3.1, without func_can_batch", "jaxbind131", "vmap 64x1000: JAXbind 1.3.1 (no func_can_batch)", ORANGE),
     ("JAXbind 1.3.1, func_can_batch", "jaxbind131", "vmap 64x1000: JAXbind 1.3.1 func_can_batch", LIGHT_ORANGE),
-    ("jaxbind, 64 single calls (64 × per call)", "overhead", "vmap 64x1000: 64 single calls of jaxbind python",
-     LIGHT_BLUE),
-    ("jaxbind, without func_can_batch (one walk)", "overhead", "vmap 64x1000: jaxbind walk (no func_can_batch)",
-     BLUE),
+    (
+        "jaxbind, 64 single calls (64 × per call)",
+        "overhead",
+        "vmap 64x1000: 64 single calls of jaxbind python",
+        LIGHT_BLUE,
+    ),
+    ("jaxbind, without func_can_batch (one walk)", "overhead", "vmap 64x1000: jaxbind walk (no func_can_batch)", BLUE),
     ("jaxbind, func_can_batch", "overhead", "vmap 64x1000: jaxbind func_can_batch", DARK_BLUE),
 ]
 
@@ -281,7 +374,7 @@ def vmap_batch_figure(results, path):
             rows.append((label, *spread(values), colour))
     fig, ax = plt.subplots(figsize=(WIDTH, 0.42 * len(rows) + 2.2))
     y = list(range(len(rows)))[::-1]
-    for yi, (label, m, low, high, colour) in zip(y, rows):
+    for yi, (_label, m, low, high, colour) in zip(y, rows):
         ax.barh(yi, m, height=0.62, color=colour)
         ax.errorbar(m, yi, xerr=[[low], [high]], fmt="none", ecolor="black", elinewidth=0.8, capsize=1.5)
         ax.text(m + high, yi, f"  {number(m)} µs", va="center", fontsize=8)
@@ -291,11 +384,20 @@ def vmap_batch_figure(results, path):
     ax.set_xlabel("time per jitted vmapped call, µs (log scale)")
     ax.grid(axis="x", which="major", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
-    note = ("Each: the median of timed batches of Python-level calls of the jitted vmapped function, except "
-            "jaxbind's 64 single calls: 64 × its per-call cost on 1,000 numbers (per_call.png). "
-            f"Bars: median of {len(runs['overhead'])} runs taking turns, whiskers: lowest and highest run.")
-    finish(fig, path, "vmap of y = 2 x (a NumPy callback) over a 64 × 1000 batch", note,
-           runs["overhead"] + runs["jaxbind131"], ["overhead-*.json", "jaxbind131-*.json"], top=0.0)
+    note = (
+        "Each: the median of timed batches of Python-level calls of the jitted vmapped function, except "
+        "jaxbind's 64 single calls: 64 × its per-call cost on 1,000 numbers (per_call.png). "
+        f"Bars: median of {len(runs['overhead'])} runs taking turns, whiskers: lowest and highest run."
+    )
+    finish(
+        fig,
+        path,
+        "vmap of y = 2 x (a NumPy callback) over a 64 × 1000 batch",
+        note,
+        runs["overhead"] + runs["jaxbind131"],
+        ["overhead-*.json", "jaxbind131-*.json"],
+        top=0.0,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -310,15 +412,26 @@ def solvers_figure(results, path):
     roots, ode = solvers["results"]["root_solve"], solvers["results"]["ode_jacrev"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(WIDTH, 4.4), gridspec_kw={"width_ratios": [1.55, 1]})
     names = list(roots)
-    labels = {"forward solve alone": "forward\nsolve", "jit(grad), residuals": "grad,\nresiduals",
-              "jit(grad), no residuals": "grad, no\nresiduals"}
+    labels = {
+        "forward solve alone": "forward\nsolve",
+        "jit(grad), residuals": "grad,\nresiduals",
+        "jit(grad), no residuals": "grad, no\nresiduals",
+    }
     colours = [GREY, BLUE, ORANGE]
     x = range(len(names))
     wall = [1e3 * roots[n]["seconds"] for n in names]
     cpu = [1e3 * roots[n]["cpu_seconds"] for n in names]
     left.bar([i - 0.2 for i in x], wall, 0.38, color=colours, label="wall time")
-    left.bar([i + 0.2 for i in x], cpu, 0.38, color=colours, alpha=0.5, hatch="//", edgecolor="white",
-             label="CPU time of the calling thread")
+    left.bar(
+        [i + 0.2 for i in x],
+        cpu,
+        0.38,
+        color=colours,
+        alpha=0.5,
+        hatch="//",
+        edgecolor="white",
+        label="CPU time of the calling thread",
+    )
     for i, n in enumerate(names):
         left.text(i - 0.2, wall[i], f"{roots[n]['ratio']:.2f}×", ha="center", va="bottom", fontsize=8)
         if roots[n]["cpu_ratio"] is not None:
@@ -326,28 +439,53 @@ def solvers_figure(results, path):
     left.set_xticks(list(x), [labels.get(n, n) for n in names])
     left.set_ylabel("ms per call")
     left.set_ylim(0, max(wall + cpu) * 1.25)
-    left.set_title("Root solve, 16 unknowns by MINPACK's hybrj:\njit(grad) against the forward solve\n",
-                   loc="left", fontsize=9.5)
-    left.legend(handles=[Patch(color=LIGHT_GREY, label="wall time"),
-                         Patch(facecolor=LIGHT_GREY, alpha=0.5, hatch="//", edgecolor="white",
-                               label="CPU time, calling thread")], loc="upper left", frameon=False, fontsize=7.5)
+    left.set_title(
+        "Root solve, 16 unknowns by MINPACK's hybrj:\njit(grad) against the forward solve\n", loc="left", fontsize=9.5
+    )
+    left.legend(
+        handles=[
+            Patch(color=LIGHT_GREY, label="wall time"),
+            Patch(facecolor=LIGHT_GREY, alpha=0.5, hatch="//", edgecolor="white", label="CPU time, calling thread"),
+        ],
+        loc="upper left",
+        frameon=False,
+        fontsize=7.5,
+    )
     seconds = [ode["jacrev_seconds_with_residuals"], ode["jacrev_seconds_without_residuals"]]
     runs = [ode["lsoda_runs_with_residuals"], ode["lsoda_runs_without_residuals"]]
     right.bar([0, 1], seconds, 0.6, color=[BLUE, ORANGE])
     for i in range(2):
-        right.text(i, seconds[i], f"{seconds[i]:.3g} s\n{runs[i]} LSODA run{'s' if runs[i] != 1 else ''}",
-                   ha="center", va="bottom", fontsize=8)
+        right.text(
+            i,
+            seconds[i],
+            f"{seconds[i]:.3g} s\n{runs[i]} LSODA run{'s' if runs[i] != 1 else ''}",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     right.set_yscale("log")
     right.set_ylim(min(seconds) / 3, max(seconds) * 8)
     right.set_xticks([0, 1], ["residuals\n(sensitivities)", "no residuals\n(vjp re-solves)"])
     right.set_ylabel("s per jax.jacrev (log scale)")
-    right.set_title(f"ODE, Lotka–Volterra by LSODA:\njax.jacrev {seconds[1] / seconds[0]:.0f}× faster\n"
-                    "with residuals", loc="left", fontsize=9.5)
-    note = (f"Left: the mean of 20 calls, the median of {solvers['results']['repeats']} interleaved rounds; "
-            "labels: ratio to the forward solve. Right: the median of interleaved repetitions of one jacrev of "
-            f"the trajectory ({ode['points']} time points) in 6 parameters.")
-    finish(fig, path, "Derivatives through external solvers: what residuals save", note, [solvers],
-           ["solvers.json"], top=0.0)
+    right.set_title(
+        f"ODE, Lotka–Volterra by LSODA:\njax.jacrev {seconds[1] / seconds[0]:.0f}× faster\nwith residuals",
+        loc="left",
+        fontsize=9.5,
+    )
+    note = (
+        f"Left: the mean of 20 calls, the median of {solvers['results']['repeats']} interleaved rounds; "
+        "labels: ratio to the forward solve. Right: the median of interleaved repetitions of one jacrev of "
+        f"the trajectory ({ode['points']} time points) in 6 parameters."
+    )
+    finish(
+        fig,
+        path,
+        "Derivatives through external solvers: what residuals save",
+        note,
+        [solvers],
+        ["solvers.json"],
+        top=0.0,
+    )
 
 
 FIGURES = {
@@ -366,24 +504,32 @@ def summary(results):
         for r in group:
             if r:
                 run = r["run"]
-                print(f"{run['script']} {run['started_utc']} load {run['load_average_before'][0]:.2f}"
-                      f"→{run['load_average_after'][0]:.2f}, jax {run['versions']['jax']}, "
-                      f"jaxbind {run['versions'].get('jaxbind')}")
+                print(
+                    f"{run['script']} {run['started_utc']} load {run['load_average_before'][0]:.2f}"
+                    f"→{run['load_average_after'][0]:.2f}, jax {run['versions']['jax']}, "
+                    f"jaxbind {run['versions'].get('jaxbind')}"
+                )
     for mode in ("caller", "worker"):
         print(f"\nper call [{mode}], µs (median of the runs; lowest–highest):")
         for label, stem, key, _, _ in PER_CALL_ROWS:
             key = key.replace("[caller]", f"[{mode}]")
             cells = []
             for size in ("1", "1000", "1000000"):
-                values = [r["results"]["per_call_us"][size][key] for r in (over if stem == "overhead" else old)
-                          if key in r["results"]["per_call_us"].get(size, {})]
+                values = [
+                    r["results"]["per_call_us"][size][key]
+                    for r in (over if stem == "overhead" else old)
+                    if key in r["results"]["per_call_us"].get(size, {})
+                ]
                 if values:
                     cells.append(f"{statistics.median(values):.3g} ({min(values):.3g}–{max(values):.3g})")
             print(f"  {label}: " + " | ".join(cells))
     print("\nvmap 64 x 1000, µs:")
     for label, stem, key, _ in BATCH_ROWS:
-        values = [r["results"]["other_us"][key] for r in (over if stem == "overhead" else old)
-                  if key in r["results"].get("other_us", {})]
+        values = [
+            r["results"]["other_us"][key]
+            for r in (over if stem == "overhead" else old)
+            if key in r["results"].get("other_us", {})
+        ]
         if values:
             print(f"  {label}: {statistics.median(values):.3g} ({min(values):.3g}–{max(values):.3g})")
 

@@ -30,14 +30,14 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+from _timing import interleaved_per_call
 
-import jaxbind  # noqa: E402
-from _timing import interleaved_per_call  # noqa: E402  (bench/ is the script folder)
+import jaxbind
 
 N = 10**6
-same = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
+same = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)
 
 
 def fresh_body(out, args, kwargs_dump):
@@ -54,11 +54,11 @@ def empty_body(out, args, kwargs_dump):
 
 OPS = {
     "op, fresh output": jaxbind.get_nonlinear_call(fresh_body, None, same, None, name="double_fresh"),
-    "op, in place": jaxbind.get_nonlinear_call(inplace_body, None, same, None, name="double_inplace",
-                                               inplace={0: 0}),
+    "op, in place": jaxbind.get_nonlinear_call(inplace_body, None, same, None, name="double_inplace", inplace={0: 0}),
     "empty op, fresh output": jaxbind.get_nonlinear_call(empty_body, None, same, None, name="empty_fresh"),
-    "empty op, in place": jaxbind.get_nonlinear_call(empty_body, None, same, None, name="empty_inplace",
-                                                     inplace={0: 0}),
+    "empty op, in place": jaxbind.get_nonlinear_call(
+        empty_body, None, same, None, name="empty_inplace", inplace={0: 0}
+    ),
 }
 
 
@@ -99,8 +99,9 @@ print((peak - base) * 1024 / (n * 8))
 
 def peak_fraction(kind):
     here = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run([sys.executable, "-c", PEAK.format(here=here), kind], capture_output=True, text=True,
-                         check=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK.format(here=here), kind], capture_output=True, text=True, check=True, timeout=600
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -116,24 +117,38 @@ def main():
     for name, body in bodies.items():  # results first, outside the timing
         if name != "empty op, fresh output":  # (whose output is whatever the buffer held)
             np.testing.assert_allclose(jax.jit(body)(x), x if name.startswith("empty") else -x)
-    numpy_rows = {"NumPy body alone, into a second array": lambda: numpy_per_call(False),
-                  "NumPy body alone, in place": lambda: numpy_per_call(True)}
+    numpy_rows = {
+        "NumPy body alone, into a second array": lambda: numpy_per_call(False),
+        "NumPy body alone, in place": lambda: numpy_per_call(True),
+    }
     seconds = interleaved_per_call(list(bodies.values()), x, False, repeats, target, plain=list(numpy_rows.values()))
     per_step = {name: s * 1e6 for name, s in zip([*numpy_rows, *bodies], seconds)}
     for name, us in per_step.items():
         print(f"per step, {N:.0e} float64, {name:38}: {us:8.1f} us")
-    ratios = {"op in place / NumPy body": per_step["op, in place"] / per_step["NumPy body alone, in place"],
-              "op fresh / NumPy body": per_step["op, fresh output"]
-              / per_step["NumPy body alone, into a second array"]}
-    print(f"in-place op / its NumPy body: {ratios['op in place / NumPy body']:.2f}x; "
-          f"fresh-output op: {ratios['op fresh / NumPy body']:.2f}x")
+    ratios = {
+        "op in place / NumPy body": per_step["op, in place"] / per_step["NumPy body alone, in place"],
+        "op fresh / NumPy body": per_step["op, fresh output"] / per_step["NumPy body alone, into a second array"],
+    }
+    print(
+        f"in-place op / its NumPy body: {ratios['op in place / NumPy body']:.2f}x; "
+        f"fresh-output op: {ratios['op fresh / NumPy body']:.2f}x"
+    )
     peaks = {kind: peak_fraction(kind) for kind in ("op, in place", "op, fresh output", "jnp")}
     for kind, fraction in peaks.items():
         print(f"3 donated steps over 1 GiB, {kind:17}: peak RSS +{fraction:.3f} of the array")
     if options.json:
         with open(options.json, "w") as f:
-            json.dump({"machine": f"{platform.machine()}, {os.cpu_count()} cores", "jax": jax.__version__,
-                       "per_step_us": per_step, "ratios": ratios, "peak_rss_fraction": peaks}, f, indent=1)
+            json.dump(
+                {
+                    "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                    "jax": jax.__version__,
+                    "per_step_us": per_step,
+                    "ratios": ratios,
+                    "peak_rss_fraction": peaks,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -41,12 +41,12 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+from _bodies import batched_abstract, empty_body, numpy_double, same_shape
+from _timing import cpu_model, fori_per_call, load_average, plain_per_call
 
-import jaxbind  # noqa: E402
-from _bodies import batched_abstract, empty_body, numpy_double, same_shape  # noqa: E402
-from _timing import cpu_model, fori_per_call, load_average, plain_per_call  # noqa: E402  (bench/ is the script folder)
+import jaxbind
 
 warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
 
@@ -60,8 +60,9 @@ def pure_callback_double(x):
 
 python_op = jaxbind.get_linear_call(numpy_double, numpy_double, same_shape, same_shape)
 empty_op = jaxbind.get_linear_call(empty_body, empty_body, same_shape, same_shape)
-can_batch_op = jaxbind.get_linear_call(numpy_double, numpy_double, batched_abstract, batched_abstract,
-                                       func_can_batch=True)
+can_batch_op = jaxbind.get_linear_call(
+    numpy_double, numpy_double, batched_abstract, batched_abstract, func_can_batch=True
+)
 
 # The names are those of bench/overhead.py's rows, prefixed where the op is JAXbind 1.3.1's.
 CASES = {
@@ -127,9 +128,14 @@ def main():
     load_before = os.getloadavg()
     results = {
         "machine": {
-            "platform": platform.platform(), "processor": platform.processor(), "cpu": cpu_model(),
-            "cpus": os.cpu_count(), "python": sys.version.split()[0],
-            "jax": jax.__version__, "jaxlib": metadata.version("jaxlib"), "numpy": np.__version__,
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "cpu": cpu_model(),
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "jax": jax.__version__,
+            "jaxlib": metadata.version("jaxlib"),
+            "numpy": np.__version__,
             "jaxbind": version,
         },
         "method": __doc__.split("Method, ")[1].strip(),
@@ -151,8 +157,10 @@ def main():
         json.dump(results, handle, indent=2)
 
     m = results["machine"]
-    print(f"# JAXbind {m['jaxbind']}: {m['cpu']}, {m['cpus']} CPUs, Python {m['python']}, jax {m['jax']}, "
-          f"numpy {m['numpy']}, load at the end {m['load_at_end']:.2f}\n")
+    print(
+        f"# JAXbind {m['jaxbind']}: {m['cpu']}, {m['cpus']} CPUs, Python {m['python']}, jax {m['jax']}, "
+        f"numpy {m['numpy']}, load at the end {m['load_at_end']:.2f}\n"
+    )
     print("| per call, µs | " + " | ".join(f"{s} elements" for s in sizes) + " |")
     print("|---|" + "---:|" * len(sizes))
     for name in results["per_call_us"][str(sizes[0])]:

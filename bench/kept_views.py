@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
+from _timing import median_seconds
 
 import jaxbind
-from _timing import median_seconds
 
 jax.config.update("jax_enable_x64", True)
 
@@ -94,8 +94,10 @@ def main():
     print(f"{'Newton callback without cycles, called directly':<52} {us[3]:9.1f}")
     print(f"{'  difference (op overhead, the normal path)':<52} {us[2] - us[3]:9.1f}")
     print(f"{'one gc.collect(0) alone':<52} {young * 1e6:9.1f}")
-    print(f"collections by generation during the timed runs ({options.repeats + 1} calls of each "
-          f"case, the collector's own included): {collections}")
+    print(
+        f"collections by generation during the timed runs ({options.repeats + 1} calls of each "
+        f"case, the collector's own included): {collections}"
+    )
 
 
 if __name__ == "__main__":

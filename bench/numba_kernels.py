@@ -30,15 +30,15 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import numba  # noqa: E402
-import numpy as np  # noqa: E402
+import jax.numpy as jnp
+import numba
+import numpy as np
+from _timing import looped, median_seconds, timed, trip_count
 
-import jaxbind  # noqa: E402
-from _timing import looped, median_seconds, timed, trip_count  # noqa: E402  (bench/ is the script folder)
+import jaxbind
 
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
-import _kernels  # noqa: E402  (tests/_kernels.py: the test kernels, compiled once)
+import _kernels
 
 KERNELS = _kernels.load()
 TARGET_SECONDS = 0.1
@@ -92,13 +92,22 @@ def every_core(repeats):
         rows.append((label, walk, loop))
     want = x + sum(math.sin(k) for k in range(ITERATIONS)) / ITERATIONS
     np.testing.assert_allclose(rows[0][1](x), want, rtol=1e-12)
-    seconds = median_seconds([fn for _, walk, loop in rows for fn in (lambda w=walk: w(x), lambda l=loop: l(x))],
-                             repeats)
+    seconds = median_seconds(
+        [fn for _, walk, loop in rows for fn in (lambda w=walk: w(x), lambda lp=loop: lp(x))], repeats
+    )
     results = []
     for k, (label, _, _) in enumerate(rows):
         t_walk, t_loop = seconds[2 * k], seconds[2 * k + 1]
-        results.append(dict(kernel=label, elements=64, vmap_us=1e6 * t_walk, loop_us=1e6 * t_loop,
-                            per_element_us=1e6 * t_loop / 64, ratio=t_walk / t_loop))
+        results.append(
+            dict(
+                kernel=label,
+                elements=64,
+                vmap_us=1e6 * t_walk,
+                loop_us=1e6 * t_loop,
+                per_element_us=1e6 * t_loop / 64,
+                ratio=t_walk / t_loop,
+            )
+        )
     return results
 
 
@@ -119,9 +128,14 @@ def per_call(bodies, x, repeats):
 def per_call_rows(repeats):
     nb_double_op, c_double_op = linear(nb_double), linear(KERNELS.jb_double)
     nb_scale_op, c_scale_op = linear(nb_scale), linear(KERNELS.jb_scale)
-    cases = [("y = 2 x (jb_double)", lambda v: nb_double_op(v)[0], lambda v: c_double_op(v)[0]),
-             ("y = factor x, a float kwarg (jb_scale)", lambda v: nb_scale_op(v, factor=0.5)[0],
-              lambda v: c_scale_op(v, factor=0.5)[0])]
+    cases = [
+        ("y = 2 x (jb_double)", lambda v: nb_double_op(v)[0], lambda v: c_double_op(v)[0]),
+        (
+            "y = factor x, a float kwarg (jb_scale)",
+            lambda v: nb_scale_op(v, factor=0.5)[0],
+            lambda v: c_scale_op(v, factor=0.5)[0],
+        ),
+    ]
     rows = []
     for label, numba_body, c_body in cases:
         for size in (1, 1000):
@@ -143,22 +157,35 @@ def main():
     calls = per_call_rows(5 if options.quick else 15)
     load_after = os.getloadavg()[0]
 
-    print(f"Machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python "
-          f"{platform.python_version()}, jax {jax.__version__}, numba {numba.__version__}; load average "
-          f"{load_before:.1f} before, {load_after:.1f} after\n")
+    print(
+        f"Machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python "
+        f"{platform.python_version()}, jax {jax.__version__}, numba {numba.__version__}; load average "
+        f"{load_before:.1f} before, {load_after:.1f} after\n"
+    )
     print("(a) vmap of a kernel over 64 elements against 64 single calls in a fori_loop")
     print("| kernel | per element, µs | vmap, µs | loop, µs | vmap / loop |\n|---|---:|---:|---:|---:|")
     for r in cores:
-        print(f"| {r['kernel']} | {r['per_element_us']:.0f} | {r['vmap_us']:.0f} | {r['loop_us']:.0f} | "
-              f"{r['ratio']:.2f} |")
+        print(
+            f"| {r['kernel']} | {r['per_element_us']:.0f} | {r['vmap_us']:.0f} | {r['loop_us']:.0f} | "
+            f"{r['ratio']:.2f} |"
+        )
     print("\n(b) per call in a jitted fori_loop, float64")
     print("| kernel | numbers | numba, µs | C, µs | numba / C |\n|---|---:|---:|---:|---:|")
     for r in calls:
         print(f"| {r['kernel']} | {r['size']:,} | {r['numba_us']:.3f} | {r['c_us']:.3f} | {r['ratio']:.2f} |")
     results = dict(
-        machine=dict(cpus=os.cpu_count(), python=platform.python_version(), jax=jax.__version__,
-                     numba=numba.__version__, numpy=np.__version__, load_average=[load_before, load_after]),
-        every_core=cores, per_call=calls, seconds=time.perf_counter() - started)
+        machine=dict(
+            cpus=os.cpu_count(),
+            python=platform.python_version(),
+            jax=jax.__version__,
+            numba=numba.__version__,
+            numpy=np.__version__,
+            load_average=[load_before, load_after],
+        ),
+        every_core=cores,
+        per_call=calls,
+        seconds=time.perf_counter() - started,
+    )
     with open(options.json, "w") as handle:
         json.dump(results, handle, indent=1)
     print(f"\nwritten: {options.json} ({results['seconds']:.0f} s)")

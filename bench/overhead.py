@@ -29,14 +29,14 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+from _bodies import batched_abstract, empty_body, numpy_double, same_shape
+from _floor import ops as floor_ops
+from _timing import cpu_model, interleaved_per_call, interleaved_plain_per_call, load_average, looped, plain_per_call
 
-import jaxbind  # noqa: E402
-from _bodies import batched_abstract, empty_body, numpy_double, same_shape  # noqa: E402
-from _floor import ops as floor_ops  # noqa: E402
-from _timing import cpu_model, interleaved_per_call, interleaved_plain_per_call, load_average, looped, plain_per_call  # noqa: E402  (bench/ is the script folder)
-from jaxbind import _trampoline  # noqa: E402
+import jaxbind
+from jaxbind import _trampoline
 
 try:
     from jax.experimental.buffer_callback import buffer_callback
@@ -47,7 +47,7 @@ except ImportError:  # older jax
 # error state is per thread, so silence the warning rather than np.seterr).
 warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
-import _kernels  # noqa: E402  (tests/_kernels.py: the test kernels, compiled once)
+import _kernels
 
 KERNELS = _kernels.load()
 TARGET_SECONDS = 0.1
@@ -63,10 +63,11 @@ empty_op = jaxbind.get_linear_call(empty_body, empty_body, same_shape, same_shap
 native_op = jaxbind.get_linear_call(KERNELS.jb_double, KERNELS.jb_double, same_shape, same_shape)
 native_empty_op = jaxbind.get_linear_call(KERNELS.jb_empty, KERNELS.jb_empty, same_shape, same_shape)
 try:
-    import numba  # noqa: F401
+    import numba  # noqa: F401  (whether numba is there decides which rows run)
 except ImportError:  # (the test extra installs it)
     numba_op = None
 else:
+
     @jaxbind.numba_kernel
     def numba_double(out, args, kwargs):
         x, y = args[0], out[0]
@@ -75,14 +76,14 @@ else:
 
     numba_op = jaxbind.get_linear_call(numba_double, numba_double, same_shape, same_shape)
 FLOOR = floor_ops()
-can_batch_op = jaxbind.get_linear_call(numpy_double, numpy_double, batched_abstract,
-                                       batched_abstract, func_can_batch=True)
+can_batch_op = jaxbind.get_linear_call(
+    numpy_double, numpy_double, batched_abstract, batched_abstract, func_can_batch=True
+)
 
 
 def pure_callback_double(x, vmap_method=None):
     kwargs = {} if vmap_method is None else {"vmap_method": vmap_method}
-    return jax.pure_callback(lambda a: np.multiply(a, 2), jax.ShapeDtypeStruct(x.shape, x.dtype), x,
-                             **kwargs)
+    return jax.pure_callback(lambda a: np.multiply(a, 2), jax.ShapeDtypeStruct(x.shape, x.dtype), x, **kwargs)
 
 
 def buffer_callback_double(x):
@@ -152,8 +153,7 @@ def check_results():
     threads.clear()
     jax.block_until_ready(looped(lambda v: spy_op(v)[0], worker=False)(x[:1], 3))
     caller_ok = threads == {threading.main_thread().ident}
-    return {"worker_program_runs_off_python_thread": worker_ok,
-            "tiny_program_runs_on_python_thread": caller_ok}
+    return {"worker_program_runs_off_python_thread": worker_ok, "tiny_program_runs_on_python_thread": caller_ok}
 
 
 # ---------------------------------------------------------------------------
@@ -183,8 +183,7 @@ def concurrency():
             two = jax.jit(lambda a, b, n=n: (chain(a, n), chain(b, n)))
             t_one = per_call_plain(one, x, repeats=7) * 1e3
             t_two = per_call_plain(two, x, x + 1, repeats=7) * 1e3
-            results[f"{mode}, {n} call(s) per branch"] = {"one_ms": t_one, "two_ms": t_two,
-                                                          "ratio": t_two / t_one}
+            results[f"{mode}, {n} call(s) per branch"] = {"one_ms": t_one, "two_ms": t_two, "ratio": t_two / t_one}
     return results
 
 
@@ -200,9 +199,13 @@ def main():
     started = time.time()
     results = {
         "machine": {
-            "platform": platform.platform(), "processor": platform.processor(), "cpu": cpu_model(),
-            "cpus": os.cpu_count(), "python": sys.version.split()[0],
-            "jax": jax.__version__, "numpy": np.__version__,
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "cpu": cpu_model(),
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "jax": jax.__version__,
+            "numpy": np.__version__,
         },
         "method": __doc__.split("Method")[1].strip(),
         "checks": check_results(),
@@ -212,8 +215,11 @@ def main():
     for size in sizes:
         x = jnp.asarray(rng.standard_normal(size))
         row = {}
-        names = [name for name, body in CASES.items() if body is not None
-                 and not (name == "jax.pure_callback" and size >= 1000000 and options.quick)]
+        names = [
+            name
+            for name, body in CASES.items()
+            if body is not None and not (name == "jax.pure_callback" and size >= 1000000 and options.quick)
+        ]
         for worker in (False, True):
             seconds = interleaved_per_call([CASES[name] for name in names], x, worker, REPEATS, TARGET_SECONDS)
             for name, s in zip(names, seconds):
@@ -243,15 +249,19 @@ def main():
     }
     for method in ("sequential", "expand_dims", "broadcast_all"):
         vmaps[f"pure_callback vmap_method={method}"] = jax.jit(
-            jax.vmap(lambda v, m=method: pure_callback_double(v, vmap_method=m)))
+            jax.vmap(lambda v, m=method: pure_callback_double(v, vmap_method=m))
+        )
     other = {
         "forward 1000 (jit, called from Python)": per_call_plain(forward, x) * 1e6,
         "grad step 1000 (jit, called from Python)": per_call_plain(grad, x) * 1e6,
     }
     for name, fn in vmaps.items():
         if fn is None:
-            other[f"vmap 64x1000: {name}"] = 64 * results["per_call_us"]["1000"]["jaxbind python [caller]"] \
-                if "1000" in results["per_call_us"] else float("nan")
+            other[f"vmap 64x1000: {name}"] = (
+                64 * results["per_call_us"]["1000"]["jaxbind python [caller]"]
+                if "1000" in results["per_call_us"]
+                else float("nan")
+            )
         else:
             other[f"vmap 64x1000: {name}"] = per_call_plain(fn, xs) * 1e6
     # Eager calls from Python on one element: the op itself, the same op in a
@@ -280,10 +290,14 @@ def main():
 
 def print_tables(results):
     m = results["machine"]
-    print(f"# jaxbind overhead: {m['platform']}, {m.get('cpu', '?')}, {m['cpus']} CPUs, Python {m['python']}, "
-          f"jax {m['jax']}, numpy {m['numpy']}, load at the end {m.get('load_at_end', float('nan')):.2f}\n")
-    print("Per call, microseconds (float64 arrays; caller = tiny program on the Python thread, "
-          "worker = program XLA runs on its own thread):\n")
+    print(
+        f"# jaxbind overhead: {m['platform']}, {m.get('cpu', '?')}, {m['cpus']} CPUs, Python {m['python']}, "
+        f"jax {m['jax']}, numpy {m['numpy']}, load at the end {m.get('load_at_end', float('nan')):.2f}\n"
+    )
+    print(
+        "Per call, microseconds (float64 arrays; caller = tiny program on the Python thread, "
+        "worker = program XLA runs on its own thread):\n"
+    )
     sizes = list(results["per_call_us"])
     print("| case | " + " | ".join(f"{s} elements" for s in sizes) + " |")
     print("|---|" + "---:|" * len(sizes))
@@ -291,15 +305,13 @@ def print_tables(results):
     for name in names:
         cells = [results["per_call_us"][s].get(name) for s in sizes]
         print(f"| {name} | " + " | ".join("-" if c is None else f"{c:.3g}" for c in cells) + " |")
-    print("\nFloor, nanoseconds per step alone:", ", ".join(
-        f"{k} {v:.0f}" for k, v in results["floor_ns"].items()))
+    print("\nFloor, nanoseconds per step alone:", ", ".join(f"{k} {v:.0f}" for k, v in results["floor_ns"].items()))
     print("\nOther, microseconds per call:\n")
     print("| case | us |")
     print("|---|---:|")
     for name, value in results["other_us"].items():
         print(f"| {name} | {value:.3g} |")
-    print("\nIndependent ~1 ms native calls: one branch against two independent branches "
-          "in one program:\n")
+    print("\nIndependent ~1 ms native calls: one branch against two independent branches in one program:\n")
     print("| kernels, calls per branch | one branch ms | two branches ms | ratio |")
     print("|---|---:|---:|---:|")
     for name, c in results["concurrency"].items():
@@ -315,47 +327,104 @@ def print_ratios(results):
     rows = []
     for where in ("caller", "worker"):
         pure = one[f"jax.pure_callback [{where}]"]
-        rows.append((f"python op / pure_callback, 1 elem [{where}]", one[f"jaxbind python [{where}]"] / pure, "<= 1/100"))
-        rows.append((f"empty python op / pure_callback, 1 elem [{where}]",
-                     one[f"jaxbind python, empty body [{where}]"] / pure, "<= 1/200"))
-        rows.append((f"native op / python op, 1 elem [{where}]",
-                     one[f"jaxbind native [{where}]"] / one[f"jaxbind python [{where}]"], "<= 1/10"))
+        rows.append(
+            (f"python op / pure_callback, 1 elem [{where}]", one[f"jaxbind python [{where}]"] / pure, "<= 1/100")
+        )
+        rows.append(
+            (
+                f"empty python op / pure_callback, 1 elem [{where}]",
+                one[f"jaxbind python, empty body [{where}]"] / pure,
+                "<= 1/200",
+            )
+        )
+        rows.append(
+            (
+                f"native op / python op, 1 elem [{where}]",
+                one[f"jaxbind native [{where}]"] / one[f"jaxbind python [{where}]"],
+                "<= 1/10",
+            )
+        )
     for where in ("caller", "worker"):
         floor = one[f"XLA FFI handler (floor of a custom call) [{where}]"]
-        rows.append((f"native op / XLA FFI handler, 1 elem [{where}]", one[f"jaxbind native [{where}]"] / floor, "<= 1.15"))
+        rows.append(
+            (f"native op / XLA FFI handler, 1 elem [{where}]", one[f"jaxbind native [{where}]"] / floor, "<= 1.15")
+        )
         if f"jaxbind numba kernel [{where}]" in one:
-            rows.append((f"numba kernel op / XLA FFI handler, 1 elem [{where}]",
-                         one[f"jaxbind numba kernel [{where}]"] / floor, "<= 1.15"))
-    rows.append(("python op worker / caller, 1 elem",
-                 one["jaxbind python [worker]"] / one["jaxbind python [caller]"], "<= 1.2"))
+            rows.append(
+                (
+                    f"numba kernel op / XLA FFI handler, 1 elem [{where}]",
+                    one[f"jaxbind numba kernel [{where}]"] / floor,
+                    "<= 1.15",
+                )
+            )
+    rows.append(
+        ("python op worker / caller, 1 elem", one["jaxbind python [worker]"] / one["jaxbind python [caller]"], "<= 1.2")
+    )
     # The floor of an empty Python callback: XLA's own cost of a custom call in
     # the loop (the native empty op) plus the steps the handler cannot skip,
     # taking the GIL and the Python call. (Views are made on the first call
     # only, then re-pointed: "views_and_tuples" is their cost when made anew.)
-    floor = one["jaxbind native, empty body [worker]"] + sum(
-        results["floor_ns"][k] for k in ("gil_worker_thread", "python_call_empty")) / 1e3
-    rows.append(("empty python op [worker] / floor sum", one["jaxbind python, empty body [worker]"] / floor, "(close to 1)"))
+    floor = (
+        one["jaxbind native, empty body [worker]"]
+        + sum(results["floor_ns"][k] for k in ("gil_worker_thread", "python_call_empty")) / 1e3
+    )
+    rows.append(
+        ("empty python op [worker] / floor sum", one["jaxbind python, empty body [worker]"] / floor, "(close to 1)")
+    )
     if "1000000" in pc:
         big = pc["1000000"]
-        rows.append(("python op / numpy body, 1e6 elem", big["jaxbind python [caller]"] / big["numpy body alone"], "<= 1.1"))
+        rows.append(
+            ("python op / numpy body, 1e6 elem", big["jaxbind python [caller]"] / big["numpy body alone"], "<= 1.1")
+        )
         # The loop carries the op's output, so XLA copies it every iteration
         # (a copy in the HLO, paid by every custom call); the native empty op
         # measures that copy and the loop, and nothing of jaxbind's.
-        rows.append(("(python op - native empty op) / numpy body, 1e6 elem",
-                     (big["jaxbind python [caller]"] - big["jaxbind native, empty body [caller]"])
-                     / big["numpy body alone"], "<= 1.1 (no hidden copies)"))
+        rows.append(
+            (
+                "(python op - native empty op) / numpy body, 1e6 elem",
+                (big["jaxbind python [caller]"] - big["jaxbind native, empty body [caller]"]) / big["numpy body alone"],
+                "<= 1.1 (no hidden copies)",
+            )
+        )
     other = results["other_us"]
-    rows.append(("vmap 64 walk / 64 single calls",
-                 other["vmap 64x1000: jaxbind walk (no func_can_batch)"] / other["vmap 64x1000: 64 single calls of jaxbind python"], "<= 1.2"))
-    rows.append(("vmap 64 walk / pure_callback sequential",
-                 other["vmap 64x1000: jaxbind walk (no func_can_batch)"] / other["vmap 64x1000: pure_callback vmap_method=sequential"], "<= 1/30"))
-    rows.append(("grad step / forward", other["grad step 1000 (jit, called from Python)"] / other["forward 1000 (jit, called from Python)"], "<= 2.2"))
+    rows.append(
+        (
+            "vmap 64 walk / 64 single calls",
+            other["vmap 64x1000: jaxbind walk (no func_can_batch)"]
+            / other["vmap 64x1000: 64 single calls of jaxbind python"],
+            "<= 1.2",
+        )
+    )
+    rows.append(
+        (
+            "vmap 64 walk / pure_callback sequential",
+            other["vmap 64x1000: jaxbind walk (no func_can_batch)"]
+            / other["vmap 64x1000: pure_callback vmap_method=sequential"],
+            "<= 1/30",
+        )
+    )
+    rows.append(
+        (
+            "grad step / forward",
+            other["grad step 1000 (jit, called from Python)"] / other["forward 1000 (jit, called from Python)"],
+            "<= 2.2",
+        )
+    )
     for kind in ("python", "native"):
-        rows.append((f"eager op(x) / jitted op function, {kind} op",
-                     other[f"eager op(x), {kind} op, 1 element"] / other[f"jitted op function, {kind} op, 1 element"],
-                     "<= 1.1"))
-    rows.append(("eager op(x), native op / jitted jnp one-op",
-                 other["eager op(x), native op, 1 element"] / other["jitted jnp one-op function, 1 element"], "(close to 1)"))
+        rows.append(
+            (
+                f"eager op(x) / jitted op function, {kind} op",
+                other[f"eager op(x), {kind} op, 1 element"] / other[f"jitted op function, {kind} op, 1 element"],
+                "<= 1.1",
+            )
+        )
+    rows.append(
+        (
+            "eager op(x), native op / jitted jnp one-op",
+            other["eager op(x), native op, 1 element"] / other["jitted jnp one-op function, 1 element"],
+            "(close to 1)",
+        )
+    )
     for name, c in results["concurrency"].items():
         rows.append((f"two branches / one, {name}", c["ratio"], "<= 1.3"))
     results["ratios"] = {name: value for name, value, _ in rows}

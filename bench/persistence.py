@@ -32,18 +32,18 @@ def _child_compile(kind: str, cache: str) -> None:
     import time
 
     import jax
+
     jax.config.update("jax_compilation_cache_dir", cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     import jax.numpy as jnp
-    import numpy as np
 
     import jaxbind
 
     def scale(out, args, kwargs_dump):
         out[0][...] = 3.0 * args[0]
 
-    like = lambda x: ((x.shape, x.dtype),)  # noqa: E731
+    like = lambda x: ((x.shape, x.dtype),)
     op = jaxbind.get_linear_call(scale, scale, like, like, name="bench_scale")
     middle = (lambda v: op(v)[0]) if kind == "op" else (lambda v: 3.0 * v)
 
@@ -72,18 +72,21 @@ def _child_memory(kind: str, n: int) -> None:
 
     import jaxbind
 
-    like = lambda x: ((x.shape, x.dtype),)  # noqa: E731
+    like = lambda x: ((x.shape, x.dtype),)
 
     def make(k):
         captured = np.full(128, float(k))  # 1 KiB the callback captures
         if kind == "jaxbind":
+
             def apply(out, args, kwargs_dump):
                 out[0][...] = captured[0] * args[0]
+
             op = jaxbind.get_linear_call(apply, apply, like, like, name=f"op{k}")
             return lambda v: op(v)[0]
 
         def apply(v):
             return captured[0] * np.asarray(v)
+
         return lambda v: jax.pure_callback(apply, jax.ShapeDtypeStruct(v.shape, v.dtype), v)
 
     def rss():
@@ -96,7 +99,7 @@ def _child_memory(kind: str, n: int) -> None:
         for k in range(count):
             f = make(k)
             jax.block_until_ready(f(x))  # eager
-            jax.block_until_ready(jax.jit(lambda v: f(v) + 1)(x))  # under jit
+            jax.block_until_ready(jax.jit(lambda v: f(v) + 1)(x))  # under jit  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
             del f
         gc.collect()
 
@@ -143,9 +146,16 @@ def main():
 
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"compile_seconds": {f"{k}/{s}": v for (k, s), v in times.items()},
-                       "median_seconds": {f"{k}/{s}": v for (k, s), v in med.items()},
-                       "bytes_per_op": memory, "n_ops": n_ops}, f, indent=1)
+            json.dump(
+                {
+                    "compile_seconds": {f"{k}/{s}": v for (k, s), v in times.items()},
+                    "median_seconds": {f"{k}/{s}": v for (k, s), v in med.items()},
+                    "bytes_per_op": memory,
+                    "n_ops": n_ops,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -31,12 +31,11 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+from _timing import interleaved_per_call, median_seconds
 
-import jaxbind  # noqa: E402
-from _timing import interleaved_per_call, median_seconds  # noqa: E402  (bench/ is the script folder)
-
+import jaxbind
 
 # y = 2 x applied a million times overflows to inf: harmless here (and NumPy's
 # error state is per thread, so silence the warning rather than np.seterr).
@@ -50,6 +49,7 @@ def double(a):
 def via(api, vmap_method=None):
     def call(x):
         return api(double, jax.ShapeDtypeStruct(x.shape, x.dtype), x, vmap_method=vmap_method)
+
     return call
 
 
@@ -62,11 +62,16 @@ def main():
     parser.add_argument("--json", help="write the results here")
     options = parser.parse_args()
     repeats, target = (3, 0.05) if options.quick else (9, 0.1)
-    results = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "jax": jax.__version__,
-               "per_call_us": {}, "vmap64_us": {}, "ratios": {}}
+    results = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "jax": jax.__version__,
+        "per_call_us": {},
+        "vmap64_us": {},
+        "ratios": {},
+    }
     for n in (1, 1000):
         x = jnp.asarray(np.random.default_rng(0).standard_normal(n))
-        for name, api in APIS.items():
+        for api in APIS.values():
             np.testing.assert_allclose(jax.jit(via(api))(x), 2 * x)
         for where, worker in (("caller thread", False), ("worker thread", True)):
             seconds = interleaved_per_call([via(api) for api in APIS.values()], x, worker, repeats, target)
@@ -74,8 +79,10 @@ def main():
             results["per_call_us"][f"n={n}, {where}"] = row
             ratio = row["jaxbind.pure_callback"] / row["jax.pure_callback"]
             results["ratios"][f"per call, n={n}, {where}"] = ratio
-            print(f"per call, n={n:>4}, {where}: jax {row['jax.pure_callback']:8.2f} us, "
-                  f"jaxbind {row['jaxbind.pure_callback']:6.2f} us, ratio 1/{1 / ratio:.1f}")
+            print(
+                f"per call, n={n:>4}, {where}: jax {row['jax.pure_callback']:8.2f} us, "
+                f"jaxbind {row['jaxbind.pure_callback']:6.2f} us, ratio 1/{1 / ratio:.1f}"
+            )
     rows = jnp.asarray(np.random.default_rng(1).standard_normal((64, 1000)))
     vmapped = {name: jax.jit(jax.vmap(via(api, "sequential"))) for name, api in APIS.items()}
     for fn in vmapped.values():
@@ -84,8 +91,10 @@ def main():
     results["vmap64_us"] = {name: s * 1e6 for name, s in zip(vmapped, seconds)}
     ratio = seconds[1] / seconds[0]
     results["ratios"]["sequential vmap, 64 rows of 1000"] = ratio
-    print(f"sequential vmap, 64 rows of 1000: jax {seconds[0] * 1e6:8.1f} us, jaxbind "
-          f"{seconds[1] * 1e6:6.1f} us, ratio 1/{1 / ratio:.1f}")
+    print(
+        f"sequential vmap, 64 rows of 1000: jax {seconds[0] * 1e6:8.1f} us, jaxbind "
+        f"{seconds[1] * 1e6:6.1f} us, ratio 1/{1 / ratio:.1f}"
+    )
     guide = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "docs", "guides", "porting.md")
     with open(guide) as f:
         blocks = re.findall(r"```\{testcode\}\n(.*?)```", f.read(), re.S)

@@ -34,17 +34,17 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import scipy.sparse.linalg as spla  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+import scipy.sparse.linalg as spla
 
-import jaxbind  # noqa: E402
-from jaxbind._state import state_cache  # noqa: E402
+import jaxbind
+from jaxbind._state import state_cache
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "demos"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 demo = importlib.import_module("11_sparse_solver_state")
-from _timing import cpu_model, load_average  # noqa: E402
+from _timing import cpu_model, load_average
 
 
 def without_setup(grid):
@@ -78,8 +78,10 @@ def with_pure_callbacks(grid, pure_callback):
     def solve(k):
         return pure_callback(forward_solve, jax.ShapeDtypeStruct(k.shape, k.dtype), k)
 
-    solve.defvjp(lambda k: (solve(k), k),
-                 lambda k, u_bar: (pure_callback(backward, jax.ShapeDtypeStruct(k.shape, k.dtype), k, u_bar),))
+    solve.defvjp(
+        lambda k: (solve(k), k),
+        lambda k, u_bar: (pure_callback(backward, jax.ShapeDtypeStruct(k.shape, k.dtype), k, u_bar),),
+    )
     return solve
 
 
@@ -155,7 +157,7 @@ def live_states():
         out[0][...] = args[0]
 
     op = jaxbind.get_nonlinear_call(f, None, lambda x: ((x.shape, x.dtype),), None, setup=setup, setup_cache=8)
-    call = jax.jit(lambda x: op(x)[0])
+    call = jax.jit(lambda x: op(x)[0])  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
     for i in range(1000):
         call(jnp.full(4, float(i)))
     gc.collect()
@@ -163,13 +165,17 @@ def live_states():
     del op, call
     jax.clear_caches()
     gc.collect()
-    return {"made": len(made), "alive with setup_cache=8": alive, "alive after the op is dropped":
-            sum(r() is not None for r in made)}
+    return {
+        "made": len(made),
+        "alive with setup_cache=8": alive,
+        "alive after the op is dropped": sum(r() is not None for r in made),
+    }
 
 
 def lookup_against_copy(rounds):
-    op = jaxbind.get_nonlinear_call(lambda out, args, kd, state: None, None, lambda x: ((x.shape, x.dtype),), None,
-                                    setup=lambda args, kwargs: 0)
+    op = jaxbind.get_nonlinear_call(
+        lambda out, args, kd, state: None, None, lambda x: ((x.shape, x.dtype),), None, setup=lambda args, kwargs: 0
+    )
     cache = state_cache(op.definition)
     x = np.random.default_rng(0).standard_normal(10**5)
     inputs, dump = (x,), jaxbind._kwargs.Kwargs({}, "op").dump
@@ -196,9 +202,16 @@ def main():
     options = parser.parse_args()
     n, rounds = (96, 3) if options.quick else (192, 7)
     started = time.time()
-    results = {"machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
-                           "jax": jax.__version__, "numpy": np.__version__},
-               "method": __doc__.split("\n\n", 2)[2].strip()}
+    results = {
+        "machine": {
+            "cpu": cpu_model(),
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "jax": jax.__version__,
+            "numpy": np.__version__,
+        },
+        "method": __doc__.split("\n\n", 2)[2].strip(),
+    }
     results["gradient"] = gradient_ratios(n, rounds)
     results["jacrev_8_outputs_factorizations"] = jacrev_factorizations()
     results["states"] = live_states()
@@ -209,16 +222,20 @@ def main():
         json.dump(results, handle, indent=2)
     m, g = results["machine"], results["gradient"]
     print(f"# setup= state: {m['cpu']}, {m['cpus']} CPUs, jax {m['jax']}, load at the end {m['load_at_end']:.2f}\n")
-    print(f"Sparse Poisson, {g['n']}x{g['n']} grid ({g['unknowns']} unknowns), one factorization "
-          f"{g['factorization_ms']:.0f} ms; medians of {rounds} rounds:\n")
+    print(
+        f"Sparse Poisson, {g['n']}x{g['n']} grid ({g['unknowns']} unknowns), one factorization "
+        f"{g['factorization_ms']:.0f} ms; medians of {rounds} rounds:\n"
+    )
     print("| way | forward ms | value_and_grad ms | ratio |\n|---|---:|---:|---:|")
     for name, row in g["ways"].items():
         print(f"| {name} | {row['forward_ms']:.0f} | {row['value_and_grad_ms']:.0f} | {row['ratio']:.2f} |")
     print(f"\nFactorizations, jacrev over 8 outputs: {results['jacrev_8_outputs_factorizations']}")
     print(f"States: {results['states']}")
     lookup = results["lookup_1e5_float64"]
-    print(f"Finding a kept state (10^5 float64): {lookup['lookup_us']:.1f} us, np.copy {lookup['np_copy_us']:.1f} us: "
-          f"{lookup['ratio']:.2f}x")
+    print(
+        f"Finding a kept state (10^5 float64): {lookup['lookup_us']:.1f} us, np.copy {lookup['np_copy_us']:.1f} us: "
+        f"{lookup['ratio']:.2f}x"
+    )
     print(f"\nwritten: {options.json} ({results['seconds']:.0f} s)")
 
 

@@ -21,16 +21,15 @@ import sys
 import threading
 import time
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import jaxbind
 
 jax.config.update("jax_enable_x64", True)
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
-import _kernels  # noqa: E402  (tests/_kernels.py: the test kernels, compiled once)
+import _kernels
 
 LIB = _kernels.load()
 
@@ -71,7 +70,7 @@ BIG = jnp.ones((200, 200))
 MIX = {
     "eager": (lambda x: linear(x, factor=2.0)[0], lambda x: 2 * x),
     "jit": (linear_jit, lambda x: 3 * x),
-    "grad": (cube_grad, lambda x: 3 * x ** 2),
+    "grad": (cube_grad, lambda x: 3 * x**2),
     "vmap": (vmapped, lambda x: 0.5 * x),
     "native": (native_jit, lambda x: 4 * x),
     "worker": (lambda x: wide(x, BIG)[0], lambda x: 3 * x),
@@ -139,8 +138,9 @@ def child(n_threads: int):
     pending = [wide(jnp.ones((4, 3)), BIG) for _ in range(4)]  # noqa: F841  (not waited for)
     for t in threads:
         t.join()
-    print(f"child: {counts.calls} calls, {counts.unexpected_errors} unexpected errors, {counts.wrong} wrong",
-          flush=True)
+    print(
+        f"child: {counts.calls} calls, {counts.unexpected_errors} unexpected errors, {counts.wrong} wrong", flush=True
+    )
     sys.exit(0 if counts.unexpected_errors == counts.wrong == 0 else 3)
 
 
@@ -178,8 +178,12 @@ def main():
 
     statuses = []
     for _ in range(args.exits):
-        run = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--threads",
-                              str(args.threads)], capture_output=True, text=True, timeout=300)
+        run = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--child", "--threads", str(args.threads)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         statuses.append(run.returncode)
         if run.returncode != 0:
             print("  child stderr:", run.stderr[-1500:])

@@ -37,11 +37,11 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from scipy.integrate import odeint  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+from scipy.integrate import odeint
 
-import jaxbind  # noqa: E402
+import jaxbind
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "demos"))
 ode = importlib.import_module("05_ode")
@@ -80,7 +80,10 @@ def resolve_vjp(out, args, kwargs_dump):
 
 
 no_residuals_op = jaxbind.get_nonlinear_call(
-    plain_solve, (resolve_jvp, resolve_vjp), like_f, lambda lam, f, ct: ((lam.shape, lam.dtype), (f.shape, f.dtype)),
+    plain_solve,
+    (resolve_jvp, resolve_vjp),
+    like_f,
+    lambda lam, f, ct: ((lam.shape, lam.dtype), (f.shape, f.dtype)),
     name="bratu_no_residuals",
 )
 
@@ -119,9 +122,11 @@ def time_interleaved(functions, args, repeats, calls):
 
 def on_calling_thread(fn):
     """``fn`` recording whether each call ran on the main (calling) thread."""
+
     def spy(*args):
         CALLING_THREAD.append(threading.current_thread() is threading.main_thread())
         return fn(*args)
+
     return spy
 
 
@@ -149,10 +154,16 @@ def root_solve(repeats):
     # The CPU time of the calling thread counts the callbacks only if they ran there.
     cpu_valid = all(CALLING_THREAD)
     base = "forward solve alone"
-    return {name: dict(seconds=wall[name], ratio=wall[name] / wall[base],
-                       ratio_per_round=statistics.median(r[name][0] / r[base][0] for r in rounds),
-                       cpu_seconds=cpu[name], cpu_ratio=cpu[name] / cpu[base] if cpu_valid else None)
-            for name in functions}
+    return {
+        name: dict(
+            seconds=wall[name],
+            ratio=wall[name] / wall[base],
+            ratio_per_round=statistics.median(r[name][0] / r[base][0] for r in rounds),
+            cpu_seconds=cpu[name],
+            cpu_ratio=cpu[name] / cpu[base] if cpu_valid else None,
+        )
+        for name in functions
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -188,10 +199,12 @@ def resolve_ode_vjp(out, args, kwargs_dump):
 
 
 ode_no_residuals = jaxbind.get_nonlinear_call(
-    trajectory_only, (resolve_ode_jvp, resolve_ode_vjp),
+    trajectory_only,
+    (resolve_ode_jvp, resolve_ode_vjp),
     lambda t, theta, y0, *tangents: (((t.shape[0], 2), y0.dtype),),
     lambda t, theta, y0, ct: ((theta.shape, theta.dtype), (y0.shape, y0.dtype)),
-    first_n_args_fixed=1, name="lotka_volterra_no_residuals",
+    first_n_args_fixed=1,
+    name="lotka_volterra_no_residuals",
 )
 
 
@@ -207,11 +220,16 @@ def count_ode_solves(repeats):
     runs_without = LSODA_RUNS["count"]
     for a, b in zip(jac, jac_without):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
-    times, _, _ = time_interleaved({"residuals": with_residuals, "no residuals": without},
-                                   (ode.THETA_TRUE, ode.Y0), repeats, calls=1)
-    return dict(points=len(t), lsoda_runs_with_residuals=runs_with, lsoda_runs_without_residuals=runs_without,
-                jacrev_seconds_with_residuals=times["residuals"],
-                jacrev_seconds_without_residuals=times["no residuals"])
+    times, _, _ = time_interleaved(
+        {"residuals": with_residuals, "no residuals": without}, (ode.THETA_TRUE, ode.Y0), repeats, calls=1
+    )
+    return dict(
+        points=len(t),
+        lsoda_runs_with_residuals=runs_with,
+        lsoda_runs_without_residuals=runs_without,
+        jacrev_seconds_with_residuals=times["residuals"],
+        jacrev_seconds_without_residuals=times["no residuals"],
+    )
 
 
 def main():
@@ -222,31 +240,54 @@ def main():
     repeats = 9 if args.quick else 41
 
     roots = root_solve(repeats)
-    print(f"\n(a) Root solve: Bratu problem, {root.N} unknowns, MINPACK hybrj; median of {repeats} interleaved rounds\n")
-    print("| jitted function | wall, ms per call | / forward solve | per-round ratios, median | "
-          "CPU of the calling thread, ms | / forward solve |")
+    print(
+        f"\n(a) Root solve: Bratu problem, {root.N} unknowns, MINPACK hybrj; median of {repeats} interleaved rounds\n"
+    )
+    print(
+        "| jitted function | wall, ms per call | / forward solve | per-round ratios, median | "
+        "CPU of the calling thread, ms | / forward solve |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     for name, row in roots.items():
         cpu_ratio = "n/a" if row["cpu_ratio"] is None else f"{row['cpu_ratio']:.2f}"
-        print(f"| {name} | {1e3 * row['seconds']:.3f} | {row['ratio']:.2f} | {row['ratio_per_round']:.2f} | "
-              f"{1e3 * row['cpu_seconds']:.3f} | {cpu_ratio} |")
+        print(
+            f"| {name} | {1e3 * row['seconds']:.3f} | {row['ratio']:.2f} | {row['ratio_per_round']:.2f} | "
+            f"{1e3 * row['cpu_seconds']:.3f} | {cpu_ratio} |"
+        )
 
     odes = count_ode_solves(max(3, repeats // 5))
-    print(f"\n(b) ODE: Lotka-Volterra by LSODA, {odes['points']} time points; jax.jacrev of the trajectory "
-          f"in (theta, y0)\n")
+    print(
+        f"\n(b) ODE: Lotka-Volterra by LSODA, {odes['points']} time points; jax.jacrev of the trajectory "
+        f"in (theta, y0)\n"
+    )
     print("| op | LSODA runs in jacrev | jacrev, s |")
     print("|---|---:|---:|")
-    print(f"| residuals (sensitivities) | {odes['lsoda_runs_with_residuals']} | "
-          f"{odes['jacrev_seconds_with_residuals']:.3f} |")
-    print(f"| no residuals (vjp re-solves) | {odes['lsoda_runs_without_residuals']} | "
-          f"{odes['jacrev_seconds_without_residuals']:.3f} |")
+    print(
+        f"| residuals (sensitivities) | {odes['lsoda_runs_with_residuals']} | "
+        f"{odes['jacrev_seconds_with_residuals']:.3f} |"
+    )
+    print(
+        f"| no residuals (vjp re-solves) | {odes['lsoda_runs_without_residuals']} | "
+        f"{odes['jacrev_seconds_without_residuals']:.3f} |"
+    )
     speedup = odes["jacrev_seconds_without_residuals"] / odes["jacrev_seconds_with_residuals"]
     print(f"\njacrev with residuals is {speedup:.1f}x faster.")
 
     with open(args.json, "w") as handle:
-        json.dump(dict(root_solve=roots, ode_jacrev=odes, repeats=repeats, jax=jax.__version__,
-                       numpy=np.__version__, python=platform.python_version(), machine=platform.machine(),
-                       cpus=os.cpu_count()), handle, indent=2)
+        json.dump(
+            dict(
+                root_solve=roots,
+                ode_jacrev=odes,
+                repeats=repeats,
+                jax=jax.__version__,
+                numpy=np.__version__,
+                python=platform.python_version(),
+                machine=platform.machine(),
+                cpus=os.cpu_count(),
+            ),
+            handle,
+            indent=2,
+        )
     print(f"wrote {args.json}")
 
 

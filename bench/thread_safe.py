@@ -21,13 +21,13 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
 
-import jaxbind  # noqa: E402
+import jaxbind
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import median_seconds  # noqa: E402
+from _timing import median_seconds
 
 
 def releases_gil(out, args, kwargs_dump):
@@ -57,14 +57,17 @@ def main():
     args = parser.parse_args()
     repeats = 15 if args.quick else 41
     rows = {}
-    cases = (("NumPy over 10^5 numbers (releases the GIL)", releases_gil, like, (64, 100_000)),
-             ("Python loop over 300 numbers (holds the GIL)", holds_gil, scalar_like, (64, 300)))
+    cases = (
+        ("NumPy over 10^5 numbers (releases the GIL)", releases_gil, like, (64, 100_000)),
+        ("Python loop over 300 numbers (holds the GIL)", holds_gil, scalar_like, (64, 300)),
+    )
     for label, body, abstract, shape in cases:
         x = jnp.asarray(np.random.default_rng(0).normal(size=shape))
         fns = []
         for thread_safe in (False, True):
-            op = jaxbind.get_nonlinear_call(body, None, abstract, None, name=f"{body.__name__}_{thread_safe}",
-                                            thread_safe=thread_safe)
+            op = jaxbind.get_nonlinear_call(
+                body, None, abstract, None, name=f"{body.__name__}_{thread_safe}", thread_safe=thread_safe
+            )
             f = jax.jit(jax.vmap(lambda v, op=op: op(v)[0]))
             reference = f(x)
             fns.append(lambda f=f: f(x))

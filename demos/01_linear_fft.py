@@ -28,10 +28,9 @@ jax.config.update("jax_enable_x64", True)  # float64 / complex128 everywhere
 import jax.numpy as jnp
 import numpy as np
 import scipy.fft
-
-import jaxbind
 from _checks import check, finish, op_check
 
+import jaxbind
 
 # ---------------------------------------------------------------------------
 # 1. The callbacks.  Signature: cb(out, args, kwargs_dump) -> None.
@@ -87,9 +86,7 @@ def fftn_abstract(x, *, norm, batch_axes):
 
 # Both directions map an array to an array of the same shape, so the same
 # abstract serves the forward and the transpose.
-fftn_op = jaxbind.get_linear_call(
-    fftn_fwd, fftn_T, fftn_abstract, fftn_abstract, func_can_batch=True
-)
+fftn_op = jaxbind.get_linear_call(fftn_fwd, fftn_T, fftn_abstract, fftn_abstract, func_can_batch=True)
 
 
 def fftn(x, norm):
@@ -131,12 +128,14 @@ for norm in ("backward", "ortho", "forward"):
     xb = jnp.stack([x, 2 * x, x[::-1]])  # batch of 3 along axis 0
     check("vmap in_axes=0", jax.vmap(lambda v: fftn(v, norm))(xb), ref(xb, axes=(1, 2, 3)))
     xb1 = jnp.moveaxis(xb, 0, 2)  # batch axis in the middle
-    check("vmap in_axes=2, out_axes=2",
-          jax.vmap(lambda v: fftn(v, norm), in_axes=2, out_axes=2)(xb1), ref(xb1, axes=(0, 1, 3)))
+    check(
+        "vmap in_axes=2, out_axes=2",
+        jax.vmap(lambda v: fftn(v, norm), in_axes=2, out_axes=2)(xb1),
+        ref(xb1, axes=(0, 1, 3)),
+    )
     # nested vmap: two batch levels, the callback gets two batch axes
     xbb = jnp.stack([xb, 1j * xb])  # (2, 3, 4, 6, 5)
-    check("nested vmap", jax.vmap(jax.vmap(lambda v: fftn(v, norm)))(xbb),
-          ref(xbb, axes=(2, 3, 4)))
+    check("nested vmap", jax.vmap(jax.vmap(lambda v: fftn(v, norm)))(xbb), ref(xbb, axes=(2, 3, 4)))
 
     # Transpose: compare with JAX's own transpose of jnp.fft.fftn.
     ct = jnp.asarray(rng.normal(size=shape) + 1j * rng.normal(size=shape))
@@ -168,8 +167,7 @@ for norm in ("backward", "ortho", "forward"):
     g = jax.grad(lossr)(xr)
     check("grad, real input (real dtype)", g, jax.grad(lossr_ref)(xr))
     xrb = jnp.real(xb)
-    check("jit(vmap(grad)), real input", jax.jit(jax.vmap(jax.grad(lossr)))(xrb),
-          jax.vmap(jax.grad(lossr_ref))(xrb))
+    check("jit(vmap(grad)), real input", jax.jit(jax.vmap(jax.grad(lossr)))(xrb), jax.vmap(jax.grad(lossr_ref))(xrb))
 
     # jaxbind's op checker: abstract, transpose (dot-product test), batching, jit.
     op_check("check_op (complex128)", fftn_op, x, norm=norm)

@@ -35,9 +35,9 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp
 import numpy as np
+from _checks import check, check_raises, finish, op_check
 
 import jaxbind
-from _checks import check, check_raises, finish, op_check
 
 # ---------------------------------------------------------------------------
 # Callbacks: cb(out, args, kwargs_dump); write into out[i][...], return None.
@@ -116,12 +116,12 @@ check("jit value", jax.jit(f)(w, A, x), f_ref(w, A, x))
 
 # jvp with tangents in both linear arguments: dy = dA (w x) + A (w dx)
 dA, dx = jnp.asarray(rng.normal(size=(m, n))), jnp.asarray(rng.normal(size=n))
-check("jvp (A and x)",
-      jax.jvp(lambda a, v: f(w, a, v), (A, x), (dA, dx)),
-      jax.jvp(lambda a, v: f_ref(w, a, v), (A, x), (dA, dx)))
-check("jvp (x only)",
-      jax.jvp(lambda v: f(w, A, v), (x,), (dx,)),
-      jax.jvp(lambda v: f_ref(w, A, v), (x,), (dx,)))
+check(
+    "jvp (A and x)",
+    jax.jvp(lambda a, v: f(w, a, v), (A, x), (dA, dx)),
+    jax.jvp(lambda a, v: f_ref(w, a, v), (A, x), (dA, dx)),
+)
+check("jvp (x only)", jax.jvp(lambda v: f(w, A, v), (x,), (dx,)), jax.jvp(lambda v: f_ref(w, A, v), (x,), (dx,)))
 
 
 # a nonlinear scalar loss of the bilinear output
@@ -131,10 +131,8 @@ def loss(A, x, f=f):
 
 loss_ref = lambda A, x: loss(A, x, f=f_ref)
 
-check("grad wrt (A, x)", jax.grad(loss, argnums=(0, 1))(A, x),
-      jax.grad(loss_ref, argnums=(0, 1))(A, x))
-check("jit(grad) wrt (A, x)", jax.jit(jax.grad(loss, argnums=(0, 1)))(A, x),
-      jax.grad(loss_ref, argnums=(0, 1))(A, x))
+check("grad wrt (A, x)", jax.grad(loss, argnums=(0, 1))(A, x), jax.grad(loss_ref, argnums=(0, 1))(A, x))
+check("jit(grad) wrt (A, x)", jax.jit(jax.grad(loss, argnums=(0, 1)))(A, x), jax.grad(loss_ref, argnums=(0, 1))(A, x))
 
 # second derivatives: the full Hessian in (A, x), forward-over-reverse and
 # reverse-over-reverse.  This needs the transposes to be differentiable,
@@ -142,8 +140,7 @@ check("jit(grad) wrt (A, x)", jax.jit(jax.grad(loss, argnums=(0, 1)))(A, x),
 # jitted only because eager jnp Hessians compile slowly, op by op.)
 H_ref = jax.jit(jax.hessian(loss_ref, argnums=(0, 1)))(A, x)
 check("hessian (jacfwd(jacrev))", jax.hessian(loss, argnums=(0, 1))(A, x), H_ref)
-check("jit(jacrev(jacrev))",
-      jax.jit(jax.jacrev(jax.jacrev(loss, argnums=(0, 1)), argnums=(0, 1)))(A, x), H_ref)
+check("jit(jacrev(jacrev))", jax.jit(jax.jacrev(jax.jacrev(loss, argnums=(0, 1)), argnums=(0, 1)))(A, x), H_ref)
 check("jit(hessian)", jax.jit(jax.hessian(loss, argnums=(0, 1)))(A, x), H_ref)
 
 # vmap: over x only, over A only, over everything (w included), and nested
@@ -151,24 +148,37 @@ B = 5
 xs = jnp.asarray(rng.normal(size=(B, n)))
 As = jnp.asarray(rng.normal(size=(B, m, n)))
 ws = jnp.asarray(rng.uniform(0.5, 2.0, size=(B, n)))
-check("vmap over x", jax.vmap(f, (None, None, 0))(w, A, xs),
-      jax.vmap(f_ref, (None, None, 0))(w, A, xs))
-check("vmap over A (in_axes=2)", jax.vmap(f, (None, 2, None))(w, jnp.moveaxis(As, 0, 2), x),
-      jax.vmap(f_ref, (None, 0, None))(w, As, x))
+check("vmap over x", jax.vmap(f, (None, None, 0))(w, A, xs), jax.vmap(f_ref, (None, None, 0))(w, A, xs))
+check(
+    "vmap over A (in_axes=2)",
+    jax.vmap(f, (None, 2, None))(w, jnp.moveaxis(As, 0, 2), x),
+    jax.vmap(f_ref, (None, 0, None))(w, As, x),
+)
 check("vmap over w, A, x", jax.vmap(f)(ws, As, xs), jax.vmap(f_ref)(ws, As, xs))
-check("nested vmap", jax.vmap(jax.vmap(f, (None, None, 0)), (None, 0, None))(w, As, xs),
-      jax.vmap(jax.vmap(f_ref, (None, None, 0)), (None, 0, None))(w, As, xs))
+check(
+    "nested vmap",
+    jax.vmap(jax.vmap(f, (None, None, 0)), (None, 0, None))(w, As, xs),
+    jax.vmap(jax.vmap(f_ref, (None, None, 0)), (None, 0, None))(w, As, xs),
+)
 
 # per-example gradients (vmap of grad): cotangents of the un-batched A are
 # summed correctly over the batch inside grad-of-sum
-check("vmap(grad) per example", jax.vmap(jax.grad(loss, argnums=(0, 1)), (None, 0))(A, xs),
-      jax.vmap(jax.grad(loss_ref, argnums=(0, 1)), (None, 0))(A, xs))
-batch_loss = lambda A, xs, l=loss: jnp.sum(jax.vmap(l, (None, 0))(A, xs))
-check("grad of a vmapped loss", jax.grad(batch_loss, argnums=(0, 1))(A, xs),
-      jax.grad(lambda A, xs: batch_loss(A, xs, loss_ref), argnums=(0, 1))(A, xs))
-check("jit(vmap(hessian))",
-      jax.jit(jax.vmap(jax.hessian(loss, argnums=(0, 1)), (0, 0)))(As, xs),
-      jax.jit(jax.vmap(jax.hessian(loss_ref, argnums=(0, 1)), (0, 0)))(As, xs))
+check(
+    "vmap(grad) per example",
+    jax.vmap(jax.grad(loss, argnums=(0, 1)), (None, 0))(A, xs),
+    jax.vmap(jax.grad(loss_ref, argnums=(0, 1)), (None, 0))(A, xs),
+)
+batch_loss = lambda A, xs, loss=loss: jnp.sum(jax.vmap(loss, (None, 0))(A, xs))
+check(
+    "grad of a vmapped loss",
+    jax.grad(batch_loss, argnums=(0, 1))(A, xs),
+    jax.grad(lambda A, xs: batch_loss(A, xs, loss_ref), argnums=(0, 1))(A, xs),
+)
+check(
+    "jit(vmap(hessian))",
+    jax.jit(jax.vmap(jax.hessian(loss, argnums=(0, 1)), (0, 0)))(As, xs),
+    jax.jit(jax.vmap(jax.hessian(loss_ref, argnums=(0, 1)), (0, 0)))(As, xs),
+)
 
 # The fixed argument w cannot be differentiated: jaxbind says so clearly.
 check_raises("grad wrt fixed arg w", lambda: jax.grad(lambda w_: jnp.sum(f(w_, A, x)))(w), ValueError)

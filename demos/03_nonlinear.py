@@ -27,10 +27,10 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp
 import numpy as np
+from _checks import check, check_raises, failures, finish, op_check
 from jax.test_util import check_grads
 
 import jaxbind
-from _checks import check, check_raises, failures, finish, op_check
 
 # ---------------------------------------------------------------------------
 # Callbacks: cb(out, args, kwargs_dump), writing into out[i][...].
@@ -78,9 +78,7 @@ def peak_abstract_reverse(c, x, y_ct, *, p):
     return ((x.shape, x.dtype),)
 
 
-op = jaxbind.get_nonlinear_call(
-    peak, (peak_jvp, peak_vjp), peak_abstract, peak_abstract_reverse, first_n_args_fixed=1
-)
+op = jaxbind.get_nonlinear_call(peak, (peak_jvp, peak_vjp), peak_abstract, peak_abstract_reverse, first_n_args_fixed=1)
 
 
 def peak_fn(c, x, p=3):
@@ -107,7 +105,7 @@ dx = jnp.asarray(rng.normal(size=n))
 
 for p in (3, 2):
     print(f"--- p={p}")
-    f = lambda x_, c_=c: peak_fn(c_, x_, p)      # differentiate w.r.t. x only
+    f = lambda x_, c_=c: peak_fn(c_, x_, p)  # differentiate w.r.t. x only
     f_ref = lambda x_, c_=c: peak_ref(c_, x_, p)
     loss = lambda x_: jnp.sum(jnp.tanh(f(x_)))
     loss_ref = lambda x_: jnp.sum(jnp.tanh(f_ref(x_)))
@@ -142,12 +140,17 @@ for p in (3, 2):
     check("vmap over x", jax.vmap(f)(xs), jax.vmap(f_ref)(xs))
     check("vmap over (x, c)", jax.vmap(f)(xs, cs), jax.vmap(f_ref)(xs, cs))
     check("vmap over x, in_axes=1", jax.vmap(f, in_axes=1)(xs.T), jax.vmap(f_ref)(xs))
-    check("nested vmap", jax.vmap(jax.vmap(f, (0, None)), (None, 0))(xs, cs),
-          jax.vmap(jax.vmap(f_ref, (0, None)), (None, 0))(xs, cs))
+    check(
+        "nested vmap",
+        jax.vmap(jax.vmap(f, (0, None)), (None, 0))(xs, cs),
+        jax.vmap(jax.vmap(f_ref, (0, None)), (None, 0))(xs, cs),
+    )
     check("jit(vmap(grad))", jax.jit(jax.vmap(jax.grad(loss)))(xs), jax.vmap(jax.grad(loss_ref))(xs))
-    check("vmap(jvp) over (x, c, dx)",
-          jax.vmap(lambda x_, c_, t: jax.jvp(lambda v: f(v, c_), (x_,), (t,))[1])(xs, cs, xs[::-1]),
-          jax.vmap(lambda x_, c_, t: jax.jvp(lambda v: f_ref(v, c_), (x_,), (t,))[1])(xs, cs, xs[::-1]))
+    check(
+        "vmap(jvp) over (x, c, dx)",
+        jax.vmap(lambda x_, c_, t: jax.jvp(lambda v: f(v, c_), (x_,), (t,))[1])(xs, cs, xs[::-1]),
+        jax.vmap(lambda x_, c_, t: jax.jvp(lambda v: f_ref(v, c_), (x_,), (t,))[1])(xs, cs, xs[::-1]),
+    )
     # jaxbind's op checker: jvp against finite differences, vjp against jvp, batching, jit.
     op_check("check_op", op, c, x, p=p)
 

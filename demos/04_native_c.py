@@ -24,11 +24,11 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from _checks import check, check_raises, finish, op_check  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+from _checks import check, check_raises, finish, op_check
 
-import jaxbind  # noqa: E402
+import jaxbind
 
 C_SOURCE = r"""
 #include <math.h>
@@ -84,8 +84,9 @@ def build_library(folder):
     library = os.path.join(folder, "liboscillator.so")
     with open(source, "w") as handle:
         handle.write(C_SOURCE)
-    subprocess.run([compiler, "-O2", "-shared", "-fPIC", f"-I{jaxbind.get_include()}",
-                    source, "-o", library, "-lm"], check=True)
+    subprocess.run(
+        [compiler, "-O2", "-shared", "-fPIC", f"-I{jaxbind.get_include()}", source, "-o", library, "-lm"], check=True
+    )
     return ctypes.CDLL(library)
 
 
@@ -109,8 +110,11 @@ def main():
         lib = build_library(folder)
         # C kernels passed straight from the ctypes library: jaxbind calls them from XLA.
         oscillator = jaxbind.get_nonlinear_call(
-            lib.oscillator, (lib.oscillator_derivative, lib.oscillator_derivative),
-            abstract, abstract_reverse, first_n_args_fixed=1,
+            lib.oscillator,
+            (lib.oscillator_derivative, lib.oscillator_derivative),
+            abstract,
+            abstract_reverse,
+            first_n_args_fixed=1,
         )
 
         def model(t, x):
@@ -126,24 +130,30 @@ def main():
         def loss(x, f):
             return jnp.sum(jnp.sin(f(t, x)))
 
-        ref_model = lambda t, x: reference(t, x, 0.3, 2.0)  # noqa: E731
+        ref_model = lambda t, x: reference(t, x, 0.3, 2.0)
         check("grad", jax.grad(loss)(x, model), jax.grad(loss)(x, ref_model))
-        check("jit(grad)", jax.jit(jax.grad(loss), static_argnums=1)(x, model),
-              jax.grad(loss)(x, ref_model))
+        check("jit(grad)", jax.jit(jax.grad(loss), static_argnums=1)(x, model), jax.grad(loss)(x, ref_model))
         dx = jnp.asarray(rng.standard_normal(50))
-        check("jvp", jax.jvp(lambda x: model(t, x), (x,), (dx,)),
-              jax.jvp(lambda x: ref_model(t, x), (x,), (dx,)))
+        check("jvp", jax.jvp(lambda x: model(t, x), (x,), (dx,)), jax.jvp(lambda x: ref_model(t, x), (x,), (dx,)))
         xs = jnp.asarray(rng.standard_normal((8, 50)))
-        check("vmap over x (the C handler walks the batch)",
-              jax.vmap(model, in_axes=(None, 0))(t, xs), jax.vmap(ref_model, in_axes=(None, 0))(t, xs))
-        check("jit(vmap(grad))", jax.jit(jax.vmap(jax.grad(loss), in_axes=(0, None)), static_argnums=1)(xs, model),
-              jax.vmap(jax.grad(loss), in_axes=(0, None))(xs, ref_model))
+        check(
+            "vmap over x (the C handler walks the batch)",
+            jax.vmap(model, in_axes=(None, 0))(t, xs),
+            jax.vmap(ref_model, in_axes=(None, 0))(t, xs),
+        )
+        check(
+            "jit(vmap(grad))",
+            jax.jit(jax.vmap(jax.grad(loss), in_axes=(0, None)), static_argnums=1)(xs, model),
+            jax.vmap(jax.grad(loss), in_axes=(0, None))(xs, ref_model),
+        )
         # jaxbind's op checker on the C kernels.
         op_check("check_op", oscillator, t, x, gamma=0.3, omega=2.0)
         # The kernel's own error message reaches Python, naming the op.
-        check_raises("float32 input rejected by the C code",
-                     lambda: jax.block_until_ready(model(t.astype(jnp.float32), x.astype(jnp.float32))),
-                     RuntimeError)
+        check_raises(
+            "float32 input rejected by the C code",
+            lambda: jax.block_until_ready(model(t.astype(jnp.float32), x.astype(jnp.float32))),
+            RuntimeError,
+        )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     finish()

@@ -33,16 +33,16 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import matplotlib  # noqa: E402
+import jax.numpy as jnp
+import matplotlib
 
 matplotlib.use("Agg")  # no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from _checks import check, failures, finish, op_check  # noqa: E402
-from scipy.integrate import odeint, solve_ivp  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from _checks import check, failures, finish, op_check
+from scipy.integrate import odeint, solve_ivp
 
-import jaxbind  # noqa: E402
+import jaxbind
 
 TOLERANCE = dict(rtol=1e-10, atol=1e-10)
 SOLVES = {"forward": 0}  # LSODA runs made by the op
@@ -59,10 +59,8 @@ def rhs_with_sensitivities(t, state, theta):
     z, S = state[:2], state[2:].reshape(2, 6)
     prey, predator = z
     alpha, beta, delta, gamma = theta
-    df_dz = np.array([[alpha - beta * predator, -beta * prey],
-                      [delta * predator, delta * prey - gamma]])
-    df_dtheta = np.array([[prey, -prey * predator, 0.0, 0.0],
-                          [0.0, 0.0, prey * predator, -predator]])
+    df_dz = np.array([[alpha - beta * predator, -beta * prey], [delta * predator, delta * prey - gamma]])
+    df_dtheta = np.array([[prey, -prey * predator, 0.0, 0.0], [0.0, 0.0, prey * predator, -predator]])
     dS = df_dz @ S
     dS[:, :4] += df_dtheta
     return np.concatenate([rhs(z, theta), dS.ravel()])
@@ -104,8 +102,13 @@ def solve_abstract_reverse(t, theta, y0, S, trajectory_ct):
 
 
 lotka_volterra = jaxbind.get_nonlinear_call(
-    solve, (solve_jvp, solve_vjp), solve_abstract, solve_abstract_reverse,
-    first_n_args_fixed=1, n_residuals=1, name="lotka_volterra",
+    solve,
+    (solve_jvp, solve_vjp),
+    solve_abstract,
+    solve_abstract_reverse,
+    first_n_args_fixed=1,
+    n_residuals=1,
+    name="lotka_volterra",
 )
 
 
@@ -129,8 +132,7 @@ def loss(log_theta, t, data):
 
 def reference_trajectory(t, theta, y0):
     """An independent solver: explicit Runge-Kutta (DOP853), no ODEPACK."""
-    sol = solve_ivp(lambda t, z: rhs(z, theta), (t[0], t[-1]), y0, method="DOP853", t_eval=t,
-                    rtol=1e-12, atol=1e-12)
+    sol = solve_ivp(lambda t, z: rhs(z, theta), (t[0], t[-1]), y0, method="DOP853", t_eval=t, rtol=1e-12, atol=1e-12)
     return sol.y.T
 
 
@@ -171,7 +173,7 @@ def main():
     g = jax.jit(jax.grad(loss))(log_theta0, T, data)
     solves_grad = SOLVES["forward"]
     check("jit(grad) makes one forward solve", solves_grad, 1)
-    reference_loss = lambda x: np.mean((reference_trajectory(T, np.exp(x), Y0) - data) ** 2)  # noqa: E731
+    reference_loss = lambda x: np.mean((reference_trajectory(T, np.exp(x), Y0) - data) ** 2)
     fd = finite_difference_gradient(reference_loss, log_theta0, eps=1e-5)
     print(f"     gradient {np.asarray(g).round(4)}, finite differences {fd.round(4)}")
     check("grad vs central finite differences (DOP853)", np.asarray(g), fd, rtol=1e-5, atol=1e-5)
@@ -186,15 +188,24 @@ def main():
     jac_fwd = jax.jacfwd(trajectory, argnums=(1, 2))(T, THETA_TRUE, Y0)
     check("jacfwd makes one forward solve", SOLVES["forward"], 1)
     check("jacfwd == jacrev", jac_fwd, jac, rtol=1e-12, atol=1e-12)
-    fd_theta = np.stack([(reference_trajectory(T, THETA_TRUE + e, Y0) - reference_trajectory(T, THETA_TRUE - e, Y0))
-                         / 2e-6 for e in 1e-6 * np.eye(4)], axis=-1)
-    check("d trajectory / d theta vs finite differences (DOP853)", np.asarray(jac[0]), fd_theta,
-          rtol=1e-5, atol=1e-5)
+    fd_theta = np.stack(
+        [
+            (reference_trajectory(T, THETA_TRUE + e, Y0) - reference_trajectory(T, THETA_TRUE - e, Y0)) / 2e-6
+            for e in 1e-6 * np.eye(4)
+        ],
+        axis=-1,
+    )
+    check("d trajectory / d theta vs finite differences (DOP853)", np.asarray(jac[0]), fd_theta, rtol=1e-5, atol=1e-5)
 
     # 4. vmap over initial states: one walked call, against a loop
     starts = np.array([[10.0, 5.0], [8.0, 3.0], [12.0, 6.0]])
-    check("vmap over y0 vs a loop", jax.vmap(trajectory, in_axes=(None, None, 0))(T, THETA_TRUE, starts),
-          np.stack([trajectory(T, THETA_TRUE, y0) for y0 in starts]), rtol=1e-14, atol=1e-14)
+    check(
+        "vmap over y0 vs a loop",
+        jax.vmap(trajectory, in_axes=(None, None, 0))(T, THETA_TRUE, starts),
+        np.stack([trajectory(T, THETA_TRUE, y0) for y0 in starts]),
+        rtol=1e-14,
+        atol=1e-14,
+    )
 
     # 5. The op checker: abstract, unwritten outputs, jvp vs finite differences, vjp vs jvp, vmap, jit
     # (finite differences of LSODA agree with its sensitivities to its own tolerance, not to 1e-10)
@@ -206,16 +217,20 @@ def main():
     log_theta, history = fit(jnp.asarray(log_theta0), data)
     seconds = time.perf_counter() - started
     theta = np.exp(np.asarray(log_theta))
-    print(f"     fit: {len(history)} steps, {SOLVES['forward']} LSODA runs, {seconds:.2f} s; "
-          f"loss {history[0]:.3g} -> {history[-1]:.3g}")
+    print(
+        f"     fit: {len(history)} steps, {SOLVES['forward']} LSODA runs, {seconds:.2f} s; "
+        f"loss {history[0]:.3g} -> {history[-1]:.3g}"
+    )
     print(f"     theta true {THETA_TRUE}, initial {np.exp(log_theta0).round(3)}, fitted {theta.round(3)}")
     check("one LSODA run per gradient step", SOLVES["forward"], len(history))
     check("fitted parameters near the true ones (10%)", theta, THETA_TRUE, rtol=0.1, atol=0.0)
     final = float(loss(log_theta, T, data))
     floor = float(np.mean((clean - data) ** 2))  # the misfit of the true parameters
     ok = final < 1.5 * floor < history[0]
-    print(f"{'OK  ' if ok else 'FAIL'} {'fit: loss down to the noise floor (< 1.5x)':50s} "
-          f"{history[0]:.3g} -> {final:.3g} (true parameters: {floor:.3g})")
+    print(
+        f"{'OK  ' if ok else 'FAIL'} {'fit: loss down to the noise floor (< 1.5x)':50s} "
+        f"{history[0]:.3g} -> {final:.3g} (true parameters: {floor:.3g})"
+    )
     if not ok:
         failures.append("fit: loss down to the noise floor")
 

@@ -34,13 +34,13 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import scipy.linalg  # noqa: E402
-import scipy.optimize  # noqa: E402
-from _checks import check, finish, op_check  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+import scipy.linalg
+import scipy.optimize
+from _checks import check, finish, op_check
 
-import jaxbind  # noqa: E402
+import jaxbind
 
 N = 16
 H = 1.0 / (N + 1)
@@ -58,8 +58,9 @@ def jacobian(u, lam):
 
 def minpack_solve(lam, f):
     """The root of F by MINPACK's hybrj (Powell's hybrid method, with the Jacobian)."""
-    result = scipy.optimize.root(residual, np.zeros(N), args=(lam, f), jac=lambda u, lam, f: jacobian(u, lam),
-                                 method="hybr", tol=1e-13)
+    result = scipy.optimize.root(
+        residual, np.zeros(N), args=(lam, f), jac=lambda u, lam, f: jacobian(u, lam), method="hybr", tol=1e-13
+    )
     if not result.success:
         raise RuntimeError(f"MINPACK did not converge: {result.message}")
     return result.x
@@ -117,7 +118,7 @@ def bratu_abstract_reverse(lam, f, u, lu, pivots, u_ct):
 
 
 bratu_op = jaxbind.get_nonlinear_call(
-    bratu, (bratu_jvp, bratu_vjp), bratu_abstract, bratu_abstract_reverse, n_residuals=3, name="bratu",
+    bratu, (bratu_jvp, bratu_vjp), bratu_abstract, bratu_abstract_reverse, n_residuals=3, name="bratu"
 )
 
 
@@ -164,8 +165,13 @@ def main():
 
     # 2. Derivatives: jvp, grad, Jacobians
     d_lam, d_f = np.float64(0.3), rng.standard_normal(N)
-    check("jvp vs jax.numpy Newton", jax.jvp(solve, (lam, f), (d_lam, d_f)),
-          jax.jvp(newton_jnp, (lam, f), (d_lam, d_f)), rtol=1e-9, atol=1e-10)
+    check(
+        "jvp vs jax.numpy Newton",
+        jax.jvp(solve, (lam, f), (d_lam, d_f)),
+        jax.jvp(newton_jnp, (lam, f), (d_lam, d_f)),
+        rtol=1e-9,
+        atol=1e-10,
+    )
 
     def loss(lam, f, solver):
         return jnp.sum(jnp.sin(solver(lam, f)) * grid)
@@ -174,17 +180,32 @@ def main():
     g = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(lam, f, solve)
     check("jit(grad) makes one MINPACK solve", SOLVES["forward"], 1)
     check("grad vs jax.numpy Newton", g, jax.grad(loss, argnums=(0, 1))(lam, f, newton_jnp), rtol=1e-9, atol=1e-10)
-    minpack_loss = lambda lam, f: float(np.sum(np.sin(minpack_solve(float(lam), f)) * grid))  # noqa: E731
-    check("d loss / d lam vs finite differences (MINPACK)", np.atleast_1d(g[0]),
-          central_differences(lambda x: minpack_loss(x[0], f), [lam]), rtol=1e-6, atol=1e-7)
-    check("d loss / d f vs finite differences (MINPACK)", g[1],
-          central_differences(lambda x: minpack_loss(lam, x), f), rtol=1e-6, atol=1e-7)
+    minpack_loss = lambda lam, f: float(np.sum(np.sin(minpack_solve(float(lam), f)) * grid))
+    check(
+        "d loss / d lam vs finite differences (MINPACK)",
+        np.atleast_1d(g[0]),
+        central_differences(lambda x: minpack_loss(x[0], f), [lam]),
+        rtol=1e-6,
+        atol=1e-7,
+    )
+    check(
+        "d loss / d f vs finite differences (MINPACK)",
+        g[1],
+        central_differences(lambda x: minpack_loss(lam, x), f),
+        rtol=1e-6,
+        atol=1e-7,
+    )
 
     SOLVES["forward"] = 0
     jac_f = jax.jacrev(solve, argnums=1)(lam, f)
     check("jacrev makes one MINPACK solve", SOLVES["forward"], 1)
-    check("d u / d f (jacrev) vs finite differences (MINPACK)", jac_f,
-          central_differences(lambda x: minpack_solve(float(lam), x), f), rtol=1e-6, atol=1e-7)
+    check(
+        "d u / d f (jacrev) vs finite differences (MINPACK)",
+        jac_f,
+        central_differences(lambda x: minpack_solve(float(lam), x), f),
+        rtol=1e-6,
+        atol=1e-7,
+    )
     check("jacfwd == jacrev", jax.jacfwd(solve, argnums=1)(lam, f), jac_f, rtol=1e-12, atol=1e-13)
 
     # 3. vmap over parameters: one MINPACK solve per element, and derivatives under vmap
@@ -193,15 +214,20 @@ def main():
     SOLVES["forward"] = 0
     us = jax.vmap(solve)(lams, fs)
     check("vmap makes one MINPACK solve per element", SOLVES["forward"], 5)
-    check("vmap vs a loop", us, np.stack([solve(l, x) for l, x in zip(lams, fs)]), rtol=1e-14, atol=1e-14)
+    check("vmap vs a loop", us, np.stack([solve(lam, x) for lam, x in zip(lams, fs)]), rtol=1e-14, atol=1e-14)
     check("vmap vs jax.numpy Newton", us, jax.vmap(newton_jnp)(lams, fs), rtol=1e-10, atol=1e-12)
     batched_grad = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=(0, 0, None)), static_argnums=2)
     SOLVES["forward"] = 0
     got = batched_grad(lams, fs, solve)
     check("jit(vmap(grad)) makes one solve per element", SOLVES["forward"], 5)
     check("jit(vmap(grad)) vs jax.numpy Newton", got, batched_grad(lams, fs, newton_jnp), rtol=1e-9, atol=1e-10)
-    check("vmap over lam only (f shared)", jax.vmap(solve, in_axes=(0, None))(lams, f),
-          jax.vmap(newton_jnp, in_axes=(0, None))(lams, f), rtol=1e-10, atol=1e-12)
+    check(
+        "vmap over lam only (f shared)",
+        jax.vmap(solve, in_axes=(0, None))(lams, f),
+        jax.vmap(newton_jnp, in_axes=(0, None))(lams, f),
+        rtol=1e-10,
+        atol=1e-12,
+    )
 
     # 4. The op checker: abstract, unwritten outputs, jvp vs finite differences, vjp vs jvp, vmap, jit
     op_check("check_op", bratu_op, lam, f)

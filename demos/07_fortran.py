@@ -32,11 +32,11 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from _checks import check, failures, finish, op_check  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+from _checks import check, failures, finish, op_check
 
-import jaxbind  # noqa: E402
+import jaxbind
 
 FORTRAN_SOURCE = r"""
 module tridiagonal
@@ -144,10 +144,20 @@ def build_library(gfortran, folder):
         handle.write(FORTRAN_SOURCE)
     for command in (
         [gfortran, "-O2", "-fPIC", "-c", module, "-J", folder, "-o", os.path.join(folder, "jaxbind.o")],
-        [gfortran, "-O2", "-fPIC", "-c", source, "-I", folder, "-J", folder,
-         "-o", os.path.join(folder, "tridiagonal.o")],
-        [gfortran, "-shared", os.path.join(folder, "tridiagonal.o"), os.path.join(folder, "jaxbind.o"),
-         "-o", library],
+        [
+            gfortran,
+            "-O2",
+            "-fPIC",
+            "-c",
+            source,
+            "-I",
+            folder,
+            "-J",
+            folder,
+            "-o",
+            os.path.join(folder, "tridiagonal.o"),
+        ],
+        [gfortran, "-shared", os.path.join(folder, "tridiagonal.o"), os.path.join(folder, "jaxbind.o"), "-o", library],
     ):
         subprocess.run(command, check=True)
     return ctypes.CDLL(library)
@@ -157,8 +167,9 @@ def abstract(lower, diag, upper, rhs):
     """x has the shape and dtype of the right-hand side (for the solve and its transpose)."""
     n = diag.shape[0]
     if diag.ndim != 1 or lower.shape != (n - 1,) or upper.shape != (n - 1,) or rhs.shape != (n,):
-        raise ValueError(f"expected sizes n - 1, n, n - 1, n; got {lower.shape}, {diag.shape}, "
-                         f"{upper.shape}, {rhs.shape}")
+        raise ValueError(
+            f"expected sizes n - 1, n, n - 1, n; got {lower.shape}, {diag.shape}, {upper.shape}, {rhs.shape}"
+        )
     return ((rhs.shape, rhs.dtype),)
 
 
@@ -179,7 +190,7 @@ def check_message(name, fn, expected):
     try:
         fn()
         message = "(no error)"
-    except Exception as err:  # noqa: BLE001 - the message is what is checked
+    except Exception as err:
         message = str(err).splitlines()[0]
     ok = expected in message
     print(f"{'OK  ' if ok else 'FAIL'} {name:50s} {message[:90]}")
@@ -190,17 +201,23 @@ def check_message(name, fn, expected):
 def main():
     gfortran = shutil.which("gfortran")
     if gfortran is None:
-        print("SKIP demos/07_fortran.py: gfortran (the GNU Fortran compiler) was not found on PATH.\n"
-              "     Install it to run this demo, e.g. `apt-get install gfortran` (Debian/Ubuntu),\n"
-              "     `dnf install gcc-gfortran` (Fedora) or `brew install gcc` (macOS).")
+        print(
+            "SKIP demos/07_fortran.py: gfortran (the GNU Fortran compiler) was not found on PATH.\n"
+            "     Install it to run this demo, e.g. `apt-get install gfortran` (Debian/Ubuntu),\n"
+            "     `dnf install gcc-gfortran` (Fedora) or `brew install gcc` (macOS)."
+        )
         sys.exit(0)
     folder = tempfile.mkdtemp(prefix="jaxbind-demo-fortran-")
     try:
         lib = build_library(gfortran, folder)
         # Fortran kernels passed straight from the ctypes library: XLA calls them.
         solve_op = jaxbind.get_linear_call(
-            lib.tridiagonal_solve, lib.tridiagonal_solve_transposed, abstract, abstract,
-            first_n_args_fixed=3, name="tridiagonal_solve",
+            lib.tridiagonal_solve,
+            lib.tridiagonal_solve_transposed,
+            abstract,
+            abstract,
+            first_n_args_fixed=3,
+            name="tridiagonal_solve",
         )
 
         def solve(lower, diag, upper, rhs):
@@ -218,27 +235,43 @@ def main():
         def loss(rhs, f):
             return jnp.sum(jnp.sin(f(*matrix, rhs)))
 
-        check("grad in the right-hand side (the transposed solve)",
-              jax.grad(loss)(rhs, solve), jax.grad(loss)(rhs, reference))
-        check("jit(grad)", jax.jit(jax.grad(loss), static_argnums=1)(rhs, solve),
-              jax.grad(loss)(rhs, reference))
+        check(
+            "grad in the right-hand side (the transposed solve)",
+            jax.grad(loss)(rhs, solve),
+            jax.grad(loss)(rhs, reference),
+        )
+        check("jit(grad)", jax.jit(jax.grad(loss), static_argnums=1)(rhs, solve), jax.grad(loss)(rhs, reference))
         cotangent = rng.standard_normal(n)
-        check("linear_transpose = solve with A^T",
-              jax.linear_transpose(lambda r: solve(*matrix, r), rhs)(cotangent)[0],
-              jnp.linalg.solve(dense(*matrix).T, cotangent))
+        check(
+            "linear_transpose = solve with A^T",
+            jax.linear_transpose(lambda r: solve(*matrix, r), rhs)(cotangent)[0],
+            jnp.linalg.solve(dense(*matrix).T, cotangent),
+        )
         tangent = rng.standard_normal(n)
-        check("jvp", jax.jvp(lambda r: solve(*matrix, r), (rhs,), (tangent,)),
-              jax.jvp(lambda r: reference(*matrix, r), (rhs,), (tangent,)))
+        check(
+            "jvp",
+            jax.jvp(lambda r: solve(*matrix, r), (rhs,), (tangent,)),
+            jax.jvp(lambda r: reference(*matrix, r), (rhs,), (tangent,)),
+        )
 
         rhs_batch = rng.standard_normal((8, n))
         batch_axes = (None, None, None, 0)
-        check("vmap over right-hand sides (walked in C++)", jax.vmap(solve, batch_axes)(*matrix, rhs_batch),
-              jax.vmap(reference, batch_axes)(*matrix, rhs_batch))
+        check(
+            "vmap over right-hand sides (walked in C++)",
+            jax.vmap(solve, batch_axes)(*matrix, rhs_batch),
+            jax.vmap(reference, batch_axes)(*matrix, rhs_batch),
+        )
         systems = [np.stack([m] * 3) + 0.1 * rng.standard_normal((3, m.size)) for m in matrix]
-        check("jit(vmap) over whole systems", jax.jit(jax.vmap(solve))(*systems, rhs_batch[:3]),
-              jax.vmap(reference)(*systems, rhs_batch[:3]))
-        check("jit(vmap(grad))", jax.jit(jax.vmap(jax.grad(loss), (0, None)), static_argnums=1)(rhs_batch, solve),
-              jax.vmap(jax.grad(loss), (0, None))(rhs_batch, reference))
+        check(
+            "jit(vmap) over whole systems",
+            jax.jit(jax.vmap(solve))(*systems, rhs_batch[:3]),
+            jax.vmap(reference)(*systems, rhs_batch[:3]),
+        )
+        check(
+            "jit(vmap(grad))",
+            jax.jit(jax.vmap(jax.grad(loss), (0, None)), static_argnums=1)(rhs_batch, solve),
+            jax.vmap(jax.grad(loss), (0, None))(rhs_batch, reference),
+        )
 
         # jaxbind's op checker on the Fortran kernels (the transposed solve by a dot-product test).
         op_check("check_op", solve_op, *matrix, rhs)
@@ -264,16 +297,20 @@ def main():
         def loss_all(f):
             return lambda *args: jnp.sum(jnp.cos(f(*args)) * jnp.arange(n))
 
-        check("grad in the matrix and the right-hand side (custom_vjp)",
-              jax.grad(loss_all(solve_all), argnums=(0, 1, 2, 3))(*matrix, rhs),
-              jax.grad(loss_all(reference), argnums=(0, 1, 2, 3))(*matrix, rhs), rtol=1e-9)
+        check(
+            "grad in the matrix and the right-hand side (custom_vjp)",
+            jax.grad(loss_all(solve_all), argnums=(0, 1, 2, 3))(*matrix, rhs),
+            jax.grad(loss_all(reference), argnums=(0, 1, 2, 3))(*matrix, rhs),
+            rtol=1e-9,
+        )
 
         # The Fortran routine's own error message reaches Python, naming the op.
         singular = (lower, np.concatenate([[0.0], diag[1:]]), upper)
-        check_message("zero pivot reported by the Fortran code",
-                      lambda: jax.block_until_ready(jax.jit(solve)(*singular, rhs)),
-                      "jaxbind op 'tridiagonal_solve': native kernel failed: "
-                      "tridiagonal solve: zero pivot in row 0 (0-based)")
+        check_message(
+            "zero pivot reported by the Fortran code",
+            lambda: jax.block_until_ready(jax.jit(solve)(*singular, rhs)),
+            "jaxbind op 'tridiagonal_solve': native kernel failed: tridiagonal solve: zero pivot in row 0 (0-based)",
+        )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     finish()

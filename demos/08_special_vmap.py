@@ -24,12 +24,12 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import scipy.special  # noqa: E402
-from _checks import check, check_raises, failures, finish, op_check  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+import scipy.special
+from _checks import check, check_raises, failures, finish, op_check
 
-import jaxbind  # noqa: E402
+import jaxbind
 
 SEEN = []  # the input shapes of every callback call
 
@@ -86,8 +86,7 @@ def kv_reverse_abstract(v, x, ct):
 
 
 kv_op = jaxbind.get_nonlinear_call(
-    kv, (kv_jvp, kv_vjp), kv_abstract, kv_reverse_abstract,
-    first_n_args_fixed=1, vmap_method="expand_dims",
+    kv, (kv_jvp, kv_vjp), kv_abstract, kv_reverse_abstract, first_n_args_fixed=1, vmap_method="expand_dims"
 )
 
 
@@ -116,8 +115,7 @@ def erfcx_reverse_abstract(x, ct):
 
 
 erfcx_op = jaxbind.get_nonlinear_call(
-    erfcx, (erfcx_derivative, erfcx_derivative), elementwise_abstract, erfcx_reverse_abstract,
-    vmap_method="expand_dims",
+    erfcx, (erfcx_derivative, erfcx_derivative), elementwise_abstract, erfcx_reverse_abstract, vmap_method="expand_dims"
 )
 
 
@@ -150,50 +148,83 @@ v = 1.5
 print("--- K_v(x)")
 check("value", bessel_k(v, x), scipy.special.kv(v, np.asarray(x)))
 SEEN.clear()
-check("jit(vmap) over 1000 points (v shared)", jax.jit(jax.vmap(bessel_k, (None, 0)))(v, x),
-      scipy.special.kv(v, np.asarray(x)))
+check(
+    "jit(vmap) over 1000 points (v shared)",
+    jax.jit(jax.vmap(bessel_k, (None, 0)))(v, x),
+    scipy.special.kv(v, np.asarray(x)),
+)
 check_calls("  ... one SciPy call, v with a size-1 batch axis", [("kv", ((1,), (1000,)))])
 
 grad_k = jax.grad(bessel_k, argnums=1)
-check("grad at one point vs central differences", grad_k(v, x[0]),
-      central_difference(lambda y: scipy.special.kv(v, y), float(x[0])), rtol=1e-7, atol=1e-9)
+check(
+    "grad at one point vs central differences",
+    grad_k(v, x[0]),
+    central_difference(lambda y: scipy.special.kv(v, y), float(x[0])),
+    rtol=1e-7,
+    atol=1e-9,
+)
 fd = central_difference(lambda y: scipy.special.kv(v, y), np.asarray(x))
 SEEN.clear()
-check("jit(vmap(grad)) vs central differences", jax.jit(jax.vmap(grad_k, (None, 0)))(v, x), fd,
-      rtol=1e-7, atol=1e-9)
+check("jit(vmap(grad)) vs central differences", jax.jit(jax.vmap(grad_k, (None, 0)))(v, x), fd, rtol=1e-7, atol=1e-9)
 # (grad needs no forward value here, and the cotangent of each scalar is the
 # same 1.0: not mapped, so a size-1 axis too)
 check_calls("  ... one vjp call for 1000 gradients", [("kv_vjp", ((1,), (1000,), (1,)))])
-check("jit(vmap(jvp))", jax.jit(jax.vmap(lambda x: jax.jvp(lambda y: bessel_k(v, y), (x,), (2.0 * x,))[1]))(x),
-      2.0 * np.asarray(x) * kv_prime(v, np.asarray(x)))
+check(
+    "jit(vmap(jvp))",
+    jax.jit(jax.vmap(lambda x: jax.jvp(lambda y: bessel_k(v, y), (x,), (2.0 * x,))[1]))(x),
+    2.0 * np.asarray(x) * kv_prime(v, np.asarray(x)),
+)
 check_calls("  ... one jvp call", [("kv_jvp", ((1,), (1000,), (1000,)))])
 
 # Nested vmap over orders and points: the order grid maps the outer level, the
 # points the inner one; each callback sees both levels, size 1 where unmapped.
 orders = jnp.asarray([0.0, 0.5, 1.5, 2.5])
 table = jax.jit(jax.vmap(jax.vmap(bessel_k, (None, 0)), (0, None)))(orders, x[:50])
-check("nested vmap: K_v(x) for 4 orders x 50 points", table,
-      scipy.special.kv(np.asarray(orders)[:, None], np.asarray(x[:50])[None, :]))
+check(
+    "nested vmap: K_v(x) for 4 orders x 50 points",
+    table,
+    scipy.special.kv(np.asarray(orders)[:, None], np.asarray(x[:50])[None, :]),
+)
 check_calls("  ... one call, shapes (4, 1) and (1, 50)", [("kv", ((4, 1), (1, 50)))])
 grads = jax.jit(jax.vmap(jax.vmap(grad_k, (None, 0)), (0, None)))(orders, x[:50])
-check("nested vmap of grad vs the recurrence", grads,
-      kv_prime(np.asarray(orders)[:, None], np.asarray(x[:50])[None, :]))
-check("nested vmap of grad vs central differences", grads,
-      central_difference(lambda y: scipy.special.kv(np.asarray(orders)[:, None], y), np.asarray(x[:50])[None, :]),
-      rtol=1e-6, atol=1e-8)
+check(
+    "nested vmap of grad vs the recurrence", grads, kv_prime(np.asarray(orders)[:, None], np.asarray(x[:50])[None, :])
+)
+check(
+    "nested vmap of grad vs central differences",
+    grads,
+    central_difference(lambda y: scipy.special.kv(np.asarray(orders)[:, None], y), np.asarray(x[:50])[None, :]),
+    rtol=1e-6,
+    atol=1e-8,
+)
 SEEN.clear()
 
 print("--- erfcx(x)")
 xe = jnp.asarray(rng.uniform(-2.0, 3.0, 1000))
-reference = lambda y: jnp.exp(y**2) * jax.scipy.special.erfc(y)  # noqa: E731
+reference = lambda y: jnp.exp(y**2) * jax.scipy.special.erfc(y)
 check("jit(vmap) vs exp(x^2) erfc(x) in jax.numpy", jax.jit(jax.vmap(scaled_erfc))(xe), reference(xe), rtol=1e-12)
-check("jit(vmap(grad)) vs jax.grad of the jax.numpy form",
-      jax.jit(jax.vmap(jax.grad(scaled_erfc)))(xe), jax.vmap(jax.grad(reference))(xe), rtol=1e-11, atol=1e-12)
-check("jit(vmap(grad)) vs central differences", jax.jit(jax.vmap(jax.grad(scaled_erfc)))(xe),
-      central_difference(scipy.special.erfcx, np.asarray(xe)), rtol=1e-7, atol=1e-9)
+check(
+    "jit(vmap(grad)) vs jax.grad of the jax.numpy form",
+    jax.jit(jax.vmap(jax.grad(scaled_erfc)))(xe),
+    jax.vmap(jax.grad(reference))(xe),
+    rtol=1e-11,
+    atol=1e-12,
+)
+check(
+    "jit(vmap(grad)) vs central differences",
+    jax.jit(jax.vmap(jax.grad(scaled_erfc)))(xe),
+    central_difference(scipy.special.erfcx, np.asarray(xe)),
+    rtol=1e-7,
+    atol=1e-9,
+)
 xs2 = xe.reshape(20, 50)
-check("nested vmap of grad (in_axes 1 inside)", jax.jit(jax.vmap(jax.vmap(jax.grad(scaled_erfc)), in_axes=1))(xs2),
-      jax.vmap(jax.vmap(jax.grad(reference)), in_axes=1)(xs2), rtol=1e-11, atol=1e-12)
+check(
+    "nested vmap of grad (in_axes 1 inside)",
+    jax.jit(jax.vmap(jax.vmap(jax.grad(scaled_erfc)), in_axes=1))(xs2),
+    jax.vmap(jax.vmap(jax.grad(reference)), in_axes=1)(xs2),
+    rtol=1e-11,
+    atol=1e-12,
+)
 SEEN.clear()
 
 print("--- jaxbind.testing.check_op")
@@ -206,9 +237,19 @@ def kv_unaligned(out, args, kwargs_dump):  # the mistake per_element avoids
     out[0][...] = scipy.special.kv(args[0], args[1])
 
 
-unaligned_op = jaxbind.get_nonlinear_call(kv_unaligned, (kv_jvp, kv_vjp), kv_abstract, kv_reverse_abstract,
-                                          first_n_args_fixed=1, vmap_method="expand_dims", name="kv_unaligned")
-check_raises("check_op catches a scalar order not lined up with x",
-             lambda: jaxbind.testing.check_op(unaligned_op, 1.5, jnp.asarray([0.7, 1.9, 4.0])), AssertionError)
+unaligned_op = jaxbind.get_nonlinear_call(
+    kv_unaligned,
+    (kv_jvp, kv_vjp),
+    kv_abstract,
+    kv_reverse_abstract,
+    first_n_args_fixed=1,
+    vmap_method="expand_dims",
+    name="kv_unaligned",
+)
+check_raises(
+    "check_op catches a scalar order not lined up with x",
+    lambda: jaxbind.testing.check_op(unaligned_op, 1.5, jnp.asarray([0.7, 1.9, 4.0])),
+    AssertionError,
+)
 SEEN.clear()
 finish()

@@ -27,12 +27,12 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import numba  # noqa: E402
-import numpy as np  # noqa: E402
-from _checks import check, failures, finish, op_check  # noqa: E402
+import jax.numpy as jnp
+import numba
+import numpy as np
+from _checks import check, failures, finish, op_check
 
-import jaxbind  # noqa: E402
+import jaxbind
 
 T_END, STEPS = 10.0, 4000
 
@@ -150,23 +150,30 @@ def reference(p):
 def main():
     rng = np.random.default_rng(0)
     n = 64
-    params = jnp.asarray(np.column_stack([rng.uniform(0.5, 3.0, n), rng.uniform(0.0, 0.4, n),
-                                          rng.standard_normal(n), rng.standard_normal(n)]))
+    params = jnp.asarray(
+        np.column_stack(
+            [rng.uniform(0.5, 3.0, n), rng.uniform(0.0, 0.4, n), rng.standard_normal(n), rng.standard_normal(n)]
+        )
+    )
     p = params[0]
 
     started = time.perf_counter()
     check("one element", jax.jit(model)(p), jax.jit(reference)(p), rtol=1e-11)
     batched, batched_ref = jax.jit(jax.vmap(model)), jax.jit(jax.vmap(reference))
-    check(f"jit(vmap) over {n} elements (the walk on every core)", batched(params), batched_ref(params),
-          rtol=1e-11)
+    check(f"jit(vmap) over {n} elements (the walk on every core)", batched(params), batched_ref(params), rtol=1e-11)
     dp = jnp.asarray(rng.standard_normal(4))
     check("jvp", jax.jvp(model, (p,), (dp,)), jax.jvp(reference, (p,), (dp,)), rtol=1e-10)
 
     def loss(f):
         return lambda ps: jnp.sum(jnp.sin(jax.vmap(f)(ps)))
 
-    check("jit(grad) of a loss over the batch", jax.jit(jax.grad(loss(model)))(params),
-          jax.jit(jax.grad(loss(reference)))(params), rtol=1e-9, atol=1e-12)
+    check(
+        "jit(grad) of a loss over the batch",
+        jax.jit(jax.grad(loss(model)))(params),
+        jax.jit(jax.grad(loss(reference)))(params),
+        rtol=1e-9,
+        atol=1e-12,
+    )
     check("jacfwd (vmap of the jvp)", jax.jacfwd(model)(p), jax.jacfwd(reference)(p), rtol=1e-9)
     op_check("check_op", op, p, t_end=T_END, steps=STEPS)
     bad = params.at[5, 0].set(-1.0)  # a negative omega: the kernel raises
@@ -183,8 +190,7 @@ def main():
 
     # The walk spreads the 64 elements over XLA's threads: against the same calls one after
     # the other in a fori_loop (information only, not checked: timings vary).
-    loop = jax.jit(lambda ps: jax.lax.fori_loop(0, n, lambda i, out: out.at[i].set(model(ps[i])),
-                                                jnp.zeros((n, 2))))
+    loop = jax.jit(lambda ps: jax.lax.fori_loop(0, n, lambda i, out: out.at[i].set(model(ps[i])), jnp.zeros((n, 2))))
     check("the same 64 calls in a fori_loop", loop(params), batched(params), rtol=1e-14)
     times = {}
     for name, fn in (("vmap", batched), ("fori_loop", loop)):
@@ -194,9 +200,11 @@ def main():
             jax.block_until_ready(fn(params))
             samples.append(time.perf_counter() - start)
         times[name] = min(samples)
-    print(f"{n} elements on {os.cpu_count()} cores: vmap {1e3 * times['vmap']:.1f} ms, "
-          f"64 calls in a fori_loop {1e3 * times['fori_loop']:.1f} ms "
-          f"(ratio {times['vmap'] / times['fori_loop']:.2f})")
+    print(
+        f"{n} elements on {os.cpu_count()} cores: vmap {1e3 * times['vmap']:.1f} ms, "
+        f"64 calls in a fori_loop {1e3 * times['fori_loop']:.1f} ms "
+        f"(ratio {times['vmap'] / times['fori_loop']:.2f})"
+    )
     finish()
 
 

@@ -28,11 +28,11 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from _checks import check, finish, op_check  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+from _checks import check, finish, op_check
 
-import jaxbind  # noqa: E402
+import jaxbind
 
 C_SOURCE = r"""
 #include <stdlib.h>
@@ -78,8 +78,9 @@ def build_library(folder):
     source, library = os.path.join(folder, "heat.c"), os.path.join(folder, "libheat.so")
     with open(source, "w") as handle:
         handle.write(C_SOURCE)
-    subprocess.run([compiler, "-O2", "-shared", "-fPIC", f"-I{jaxbind.get_include()}", source, "-o", library],
-                   check=True)
+    subprocess.run(
+        [compiler, "-O2", "-shared", "-fPIC", f"-I{jaxbind.get_include()}", source, "-o", library], check=True
+    )
     return ctypes.CDLL(library)
 
 
@@ -106,8 +107,7 @@ def main():
     folder = tempfile.mkdtemp(prefix="jaxbind-demo-")
     try:
         lib = build_library(folder)
-        in_place = jaxbind.get_linear_call(lib.heat_step, lib.heat_step, same, same, inplace={0: 0},
-                                           name="heat_step")
+        in_place = jaxbind.get_linear_call(lib.heat_step, lib.heat_step, same, same, inplace={0: 0}, name="heat_step")
         fresh = jaxbind.get_linear_call(lib.heat_step, lib.heat_step, same, same, name="heat_step_fresh")
 
         def run(op, steps):
@@ -125,9 +125,13 @@ def main():
         def centre(op, u):
             return jax.lax.fori_loop(0, 50, lambda i, v: op(v, r=0.2)[0], u)[n // 2, n // 2]
 
-        check("grad in place against jax.numpy", jax.jit(jax.grad(lambda u: centre(in_place, u)))(u0),
-              jax.jit(jax.grad(lambda u: jax.lax.fori_loop(0, 50, lambda i, v: reference_step(v, 0.2), u)
-                               [n // 2, n // 2]))(u0))
+        check(
+            "grad in place against jax.numpy",
+            jax.jit(jax.grad(lambda u: centre(in_place, u)))(u0),
+            jax.jit(
+                jax.grad(lambda u: jax.lax.fori_loop(0, 50, lambda i, v: reference_step(v, 0.2), u)[n // 2, n // 2])
+            )(u0),
+        )
 
         # jaxbind's op checker: the transpose against the forward, vmap, jit (on a small grid).
         op_check("check_op", in_place, u0[::64, ::64], r=0.2)
@@ -139,8 +143,10 @@ def main():
             took = seconds(fn, u0)
             memory = fn.lower(u0).compile().memory_analysis()
             temp = getattr(memory, "temp_size_in_bytes", 0) / 2**20 if memory is not None else float("nan")
-            print(f"{steps} steps of {n}x{n} ({mib:.0f} MiB), {label:12}: {took / steps * 1e6:7.0f} us per "
-                  f"step, {temp:5.1f} MiB of XLA temporaries")
+            print(
+                f"{steps} steps of {n}x{n} ({mib:.0f} MiB), {label:12}: {took / steps * 1e6:7.0f} us per "
+                f"step, {temp:5.1f} MiB of XLA temporaries"
+            )
         np.testing.assert_allclose(run(in_place, steps)(u0), run(fresh, steps)(u0), rtol=1e-12)
         print("check: the long runs agree ... ok")
     finally:

@@ -31,13 +31,13 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import scipy.sparse as sp  # noqa: E402
-import scipy.sparse.linalg as spla  # noqa: E402
-from _checks import check, failures, finish, op_check  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+from _checks import check, failures, finish, op_check
 
-import jaxbind  # noqa: E402
+import jaxbind
 
 
 class Poisson:
@@ -96,8 +96,15 @@ def poisson_op(grid: Poisson, setup_cache: int = 8):
     def abstract(k, *tangent):
         return ((k.shape, k.dtype),)
 
-    return jaxbind.get_nonlinear_call(solve, (solve_jvp, solve_vjp), abstract, abstract, setup=factorize,
-                                      setup_cache=setup_cache, name="poisson_solve")
+    return jaxbind.get_nonlinear_call(
+        solve,
+        (solve_jvp, solve_vjp),
+        abstract,
+        abstract,
+        setup=factorize,
+        setup_cache=setup_cache,
+        name="poisson_solve",
+    )
 
 
 def dense_solve(grid: Poisson, k):
@@ -127,8 +134,8 @@ def main():
     small = Poisson(12)
     op = poisson_op(small)
     k = jnp.asarray(np.random.default_rng(0).uniform(0.5, 2.0, small.n**2))
-    solve = lambda k: op(k)[0]  # noqa: E731
-    reference = lambda k: dense_solve(small, k)  # noqa: E731
+    solve = lambda k: op(k)[0]
+    reference = lambda k: dense_solve(small, k)
 
     value, grad = jax.jit(jax.value_and_grad(loss(solve)))(k)
     check("jit(value_and_grad) vs dense solve", (value, grad), jax.value_and_grad(loss(reference))(k))
@@ -159,7 +166,7 @@ def main():
 
     # with no state kept between the forward and the vjp, the same values
     forgetful = poisson_op(small, setup_cache=1)
-    solve_forgetful = lambda k: forgetful(k)[0]  # noqa: E731
+    solve_forgetful = lambda k: forgetful(k)[0]
     _, pullback = jax.vjp(solve_forgetful, k)
     solve_forgetful(k + 1.0)  # another state takes the only place: the pullback makes k's again
     ones = jnp.ones(small.n**2)
@@ -180,8 +187,10 @@ def main():
     perturbed = [k_large * (1 + 1e-3 * i) for i in range(1, 7)]
     times = [(seconds(forward, a), seconds(gradient, b)) for a, b in zip(perturbed[0::2], perturbed[1::2])]
     t_forward, t_gradient = (min(column) for column in zip(*times))
-    print(f"{large.n}x{large.n} grid ({large.n**2} unknowns): forward {1e3 * t_forward:.0f} ms, "
-          f"jit(value_and_grad) {1e3 * t_gradient:.0f} ms: {t_gradient / t_forward:.2f}x the forward solve")
+    print(
+        f"{large.n}x{large.n} grid ({large.n**2} unknowns): forward {1e3 * t_forward:.0f} ms, "
+        f"jit(value_and_grad) {1e3 * t_gradient:.0f} ms: {t_gradient / t_forward:.2f}x the forward solve"
+    )
 
     finish()
 

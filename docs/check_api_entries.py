@@ -9,8 +9,7 @@ import importlib
 import os
 import sys
 
-MODULES = {"jaxbind": "jaxbind.html", "jaxbind.testing": "testing.html",
-           "jaxbind.contrib.jaxducc0": "jaxducc0.html"}
+MODULES = {"jaxbind": "jaxbind.html", "jaxbind.testing": "testing.html", "jaxbind.contrib.jaxducc0": "jaxducc0.html"}
 
 
 def missing_entries(html_dir):

@@ -28,8 +28,18 @@ import time
 DOCS = os.path.dirname(os.path.abspath(__file__))
 RUN = {"testsetup", "testcode", "testcleanup", "doctest"}
 # Directives whose content is not Markdown: nothing inside them is a page's block.
-RAW = {"testoutput", "eval-rst", "literalinclude", "code-block", "code", "sourcecode", "math", "toctree",
-       "raw", "csv-table"}
+RAW = {
+    "testoutput",
+    "eval-rst",
+    "literalinclude",
+    "code-block",
+    "code",
+    "sourcecode",
+    "math",
+    "toctree",
+    "raw",
+    "csv-table",
+}
 FENCE = re.compile(r"^(\s*)(`{3,}|:{3,})\s*(?:\{([\w:-]+)\})?(.*)$")
 DOWNLOAD = re.compile(r"\{download\}`(?:[^`<]*<([^`>]+)>|([^`<]+))`")
 RST_TEST = re.compile(r"^\s*\.\. (testsetup|testcode|testcleanup|doctest)::", re.M)
@@ -48,7 +58,7 @@ def _strip_options(body):
     """A directive's body without its ``:key: value`` lines or ``---`` YAML block."""
     if body and body[0].strip() == "---":
         end = next(i for i in range(1, len(body)) if body[i].strip() == "---")
-        return body[end + 1:]
+        return body[end + 1 :]
     i = 0
     while i < len(body) and re.match(r"^\s*:[\w-]+:", body[i]):
         i += 1
@@ -60,13 +70,12 @@ def parse(path):
     with open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()
     blocks, stack = [], []  # stack: the open fences, (char, length, raw, directive)
-    current = None          # (kind, line of the fence, body lines) of a block being collected
+    current = None  # (kind, line of the fence, body lines) of a block being collected
     for n, line in enumerate(lines, 1):
         m = FENCE.match(line)
         if stack:
             char, length, raw, directive = stack[-1]
-            if m and m.group(2)[0] == char and len(m.group(2)) >= length and not m.group(3) \
-                    and not m.group(4).strip():
+            if m and m.group(2)[0] == char and len(m.group(2)) >= length and not m.group(3) and not m.group(4).strip():
                 stack.pop()
                 if current is not None:
                     kind, start, body = current
@@ -102,7 +111,7 @@ def script(path):
     """The page's script and the map from its lines to the page's: [(script line, page line)]."""
     blocks, downloads = parse(path)
     parts, spans, at = [], [], 1
-    for first, kind, text in blocks:
+    for first, _kind, text in blocks:
         parts.append(text)
         spans.append((at, first))
         at += text.count("\n")
@@ -135,16 +144,26 @@ def check(path, timeout, keep):
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
         start = time.perf_counter()
         try:
-            run = subprocess.run([sys.executable, "page.py"], cwd=folder, env=env, timeout=timeout,
-                                 stdin=subprocess.DEVNULL, capture_output=True, text=True)
+            run = subprocess.run(
+                [sys.executable, "page.py"],
+                cwd=folder,
+                env=env,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+            )
         except subprocess.TimeoutExpired:
             return name, False, time.perf_counter() - start, f"no result after {timeout} s"
         seconds = time.perf_counter() - start
         if run.returncode == 0:
             return name, True, seconds, ""
         tail = "\n".join((run.stdout + run.stderr).rstrip().splitlines()[-TAIL:])
-        tail = re.sub(r'File "[^"]*page\.py", line (\d+)',
-                      lambda m: f'File "{name}", line {page_line(spans, int(m.group(1)))}', tail)
+        tail = re.sub(
+            r'File "[^"]*page\.py", line (\d+)',
+            lambda m: f'File "{name}", line {page_line(spans, int(m.group(1)))}',
+            tail,
+        )
         return name, False, seconds, tail + f"\n(exit status {run.returncode})"
     finally:
         if keep:
@@ -176,8 +195,10 @@ def main():
             else:
                 failed.append(name)
                 print("      " + tail.replace("\n", "\n      "), flush=True)
-    print(f"pages: {passed} passed, {len(failed)} failed, {len(skipped)} without Python examples; "
-          f"{time.perf_counter() - start:.1f} s")
+    print(
+        f"pages: {passed} passed, {len(failed)} failed, {len(skipped)} without Python examples; "
+        f"{time.perf_counter() - start:.1f} s"
+    )
     if failed:
         sys.exit("failed: " + ", ".join(sorted(failed)))
 

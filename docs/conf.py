@@ -14,12 +14,7 @@ project = "jaxbind"
 author = "the jaxbind developers"
 copyright = "2026, the jaxbind developers"
 
-extensions = [
-    "myst_parser",
-    "sphinx.ext.autodoc",
-    "sphinx.ext.napoleon",
-    "sphinx.ext.doctest",
-]
+extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.doctest"]
 
 # Markdown pages (MyST); code examples are ```{testcode}``` blocks, run by the doctest builder.
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}

@@ -31,6 +31,7 @@ from . import _install_check
 
 _install_check.warn_if_shared()
 
+from . import testing
 from ._api import get_linear_call, get_nonlinear_call
 from ._definition import JaxbindError
 from ._export import export
@@ -40,10 +41,20 @@ from ._numba import numba_kernel
 from ._op import Op
 from ._pure_callback import pure_callback
 from ._runtime import config
-from . import testing  # noqa: E402  (jaxbind.testing.check_op)
 
 __all__ = [
-    "JaxbindError", "NativeKernel", "Op", "config", "export", "get_include", "get_linear_call", "get_nonlinear_call",
-    "load_kwargs", "native", "numba_kernel", "pure_callback", "testing",
+    "JaxbindError",
+    "NativeKernel",
+    "Op",
+    "config",
+    "export",
+    "get_include",
+    "get_linear_call",
+    "get_nonlinear_call",
+    "load_kwargs",
+    "native",
+    "numba_kernel",
+    "pure_callback",
+    "testing",
 ]
 __version__ = "0.2.0"

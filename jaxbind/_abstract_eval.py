@@ -16,9 +16,12 @@ def jaxbind_abstract_eval(*avals, role: Role, kwargs: Kwargs, batch: Batch):
     batch = as_batch(batch)
     # Outputs vary over the manual axes their inputs vary over (bind made them
     # agree); a partitioned batch keeps its sharding, other outputs are whole.
-    typed = functools.partial(shaped_array, like=avals[0] if avals else None,
-                              vma=frozenset().union(*map(varying_axes, avals)),
-                              spec=_batch_spec(avals, batch.partitionable_levels()))
+    typed = functools.partial(
+        shaped_array,
+        like=avals[0] if avals else None,
+        vma=frozenset().union(*map(varying_axes, avals)),
+        spec=_batch_spec(avals, batch.partitionable_levels()),
+    )
     return [typed(shape, dtype) for shape, dtype in batch.output_shapes(role, avals, kwargs)]
 
 

@@ -3,10 +3,20 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Tuple, Union
+from collections.abc import Callable, Sequence
 
-from ._arguments import (as_callback, callback_parameters, check_callable, check_flags, inplace_pairs,
-                         check_n_residuals, check_setup, check_thread_safe, drop_fixed_places, named_callback)
+from ._arguments import (
+    as_callback,
+    callback_parameters,
+    check_callable,
+    check_flags,
+    check_n_residuals,
+    check_setup,
+    check_thread_safe,
+    drop_fixed_places,
+    inplace_pairs,
+    named_callback,
+)
 from ._definition import CallbackKind, Family, OpDef, OpKind
 from ._op import Op
 from ._state import DEFAULT_SETUP_CACHE, with_state
@@ -16,18 +26,18 @@ __all__ = ["get_linear_call", "get_nonlinear_call"]
 
 def get_linear_call(
     f: Callable,
-    f_T: Union[Callable, Sequence[Callable]],
+    f_T: Callable | Sequence[Callable],
     /,
     abstract: Callable,
-    abstract_T: Union[Callable, Sequence[Callable]],
+    abstract_T: Callable | Sequence[Callable],
     *,
     first_n_args_fixed: int = 0,
     func_can_batch: bool = False,
-    name: Optional[str] = None,
+    name: str | None = None,
     vmap_method: str = "sequential",
     thread_safe: bool = False,
-    inplace: Optional[dict] = None,
-    setup: Optional[Callable] = None,
+    inplace: dict | None = None,
+    setup: Callable | None = None,
     setup_cache: int = DEFAULT_SETUP_CACHE,
 ) -> Op:
     """Create a JAX op from a linear (or multilinear) function and its transpose(s).
@@ -215,8 +225,7 @@ def get_linear_call(
     parameters = callback_parameters(setup)
     f, name = named_callback(f, name, parameters)
     check_callable(abstract, "abstract", name)
-    first_n_args_fixed, func_can_batch, vmap_method = check_flags(
-        name, first_n_args_fixed, func_can_batch, vmap_method)
+    first_n_args_fixed, func_can_batch, vmap_method = check_flags(name, first_n_args_fixed, func_can_batch, vmap_method)
     if isinstance(f_T, (tuple, list)):
         if not isinstance(abstract_T, (tuple, list)) or len(abstract_T) != len(f_T):
             raise ValueError(
@@ -246,31 +255,43 @@ def get_linear_call(
         f_T = as_callback(f_T, "f_T", name, parameters)
         check_callable(abstract_T, "abstract_T", name)
         family = Family(
-            callbacks=(f_T, f), abstracts=(abstract_T, abstract),
+            callbacks=(f_T, f),
+            abstracts=(abstract_T, abstract),
             kinds=(CallbackKind.TRANSPOSE, CallbackKind.FORWARD),
-            labels=("transpose callback", "forward"), linear=True,
+            labels=("transpose callback", "forward"),
+            linear=True,
         )
         kind = OpKind.LINEAR
     families = _stateful((family,), setup, setup_cache, name)
-    return Op(OpDef(kind, name, families, first_n_args_fixed, func_can_batch, vmap_method,
-                    thread_safe=check_thread_safe(name, thread_safe), inplace=inplace_pairs(name, inplace)))
+    return Op(
+        OpDef(
+            kind,
+            name,
+            families,
+            first_n_args_fixed,
+            func_can_batch,
+            vmap_method,
+            thread_safe=check_thread_safe(name, thread_safe),
+            inplace=inplace_pairs(name, inplace),
+        )
+    )
 
 
 def get_nonlinear_call(
     f: Callable,
-    f_derivative: Optional[Tuple[Callable, Callable]],
+    f_derivative: tuple[Callable, Callable] | None,
     /,
     abstract: Callable,
-    abstract_reverse: Optional[Callable],
+    abstract_reverse: Callable | None,
     *,
     first_n_args_fixed: int = 0,
     func_can_batch: bool = False,
-    name: Optional[str] = None,
+    name: str | None = None,
     vmap_method: str = "sequential",
     n_residuals: int = 0,
     thread_safe: bool = False,
-    inplace: Optional[dict] = None,
-    setup: Optional[Callable] = None,
+    inplace: dict | None = None,
+    setup: Callable | None = None,
     setup_cache: int = DEFAULT_SETUP_CACHE,
 ) -> Op:
     """Create a JAX op from a nonlinear function with its jvp and vjp.
@@ -410,20 +431,30 @@ def get_nonlinear_call(
     parameters = callback_parameters(setup)
     f, name = named_callback(f, name, parameters)
     check_callable(abstract, "abstract", name)
-    first_n_args_fixed, func_can_batch, vmap_method = check_flags(
-        name, first_n_args_fixed, func_can_batch, vmap_method)
+    first_n_args_fixed, func_can_batch, vmap_method = check_flags(name, first_n_args_fixed, func_can_batch, vmap_method)
     n_residuals = check_n_residuals(name, n_residuals)
-    forward = Family(callbacks=(f,), abstracts=(abstract,), kinds=(CallbackKind.FORWARD,), labels=("forward",),
-                     linear=False)
+    forward = Family(
+        callbacks=(f,), abstracts=(abstract,), kinds=(CallbackKind.FORWARD,), labels=("forward",), linear=False
+    )
     if f_derivative is None:
         if abstract_reverse is not None:
             raise TypeError(
                 f"jaxbind op '{name}': f_derivative is None (an op without derivatives) but "
                 "abstract_reverse is given; pass None for both, or give f_derivative=(f_jvp, f_vjp)."
             )
-        return Op(OpDef(OpKind.NONLINEAR, name, _stateful((forward,), setup, setup_cache, name), first_n_args_fixed,
-                        func_can_batch, vmap_method, n_residuals, check_thread_safe(name, thread_safe),
-                        inplace=inplace_pairs(name, inplace)))
+        return Op(
+            OpDef(
+                OpKind.NONLINEAR,
+                name,
+                _stateful((forward,), setup, setup_cache, name),
+                first_n_args_fixed,
+                func_can_batch,
+                vmap_method,
+                n_residuals,
+                check_thread_safe(name, thread_safe),
+                inplace=inplace_pairs(name, inplace),
+            )
+        )
     if not isinstance(f_derivative, (tuple, list)) or len(f_derivative) != 2:
         raise TypeError(
             f"jaxbind op '{name}': f_derivative must be a pair (f_jvp, f_vjp), or None for an op "
@@ -445,12 +476,25 @@ def get_nonlinear_call(
     f_jvp = as_callback(f_derivative[0], "f_jvp (f_derivative[0])", name, parameters)
     f_vjp = as_callback(f_derivative[1], "f_vjp (f_derivative[1])", name, parameters)
     derivative = Family(
-        callbacks=(f_vjp, f_jvp), abstracts=(abstract_reverse, abstract),
-        kinds=(CallbackKind.VJP, CallbackKind.JVP), labels=("vjp callback", "jvp callback"), linear=True,
+        callbacks=(f_vjp, f_jvp),
+        abstracts=(abstract_reverse, abstract),
+        kinds=(CallbackKind.VJP, CallbackKind.JVP),
+        labels=("vjp callback", "jvp callback"),
+        linear=True,
     )
-    return Op(OpDef(OpKind.NONLINEAR, name, _stateful((forward, derivative), setup, setup_cache, name),
-                    first_n_args_fixed, func_can_batch, vmap_method, n_residuals,
-                    check_thread_safe(name, thread_safe), inplace=inplace_pairs(name, inplace)))
+    return Op(
+        OpDef(
+            OpKind.NONLINEAR,
+            name,
+            _stateful((forward, derivative), setup, setup_cache, name),
+            first_n_args_fixed,
+            func_can_batch,
+            vmap_method,
+            n_residuals,
+            check_thread_safe(name, thread_safe),
+            inplace=inplace_pairs(name, inplace),
+        )
+    )
 
 
 def _stateful(families: tuple, setup, setup_cache, name: str) -> tuple:

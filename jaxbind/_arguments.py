@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import numbers
 import re
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -14,9 +14,21 @@ from ._definition import _name_of
 from ._native import NativeKernel, as_kernel
 from ._vmap_methods import DOOR_OP, accepted, method_of
 
-__all__ = ["CALLBACK_PARAMETERS", "arguments_hint", "as_callback", "callback_form_hint",
-           "callback_parameters", "check_callable", "check_flags", "check_n_residuals",
-           "check_setup", "check_thread_safe", "drop_fixed_places", "inplace_pairs", "named_callback"]
+__all__ = [
+    "CALLBACK_PARAMETERS",
+    "arguments_hint",
+    "as_callback",
+    "callback_form_hint",
+    "callback_parameters",
+    "check_callable",
+    "check_flags",
+    "check_n_residuals",
+    "check_setup",
+    "check_thread_safe",
+    "drop_fixed_places",
+    "inplace_pairs",
+    "named_callback",
+]
 
 # What jaxbind calls a Python callback with, positionally (an op with setup= adds the state).
 CALLBACK_PARAMETERS = ("out", "args", "kwargs_dump")
@@ -27,7 +39,7 @@ def callback_parameters(setup) -> tuple:
     return CALLBACK_PARAMETERS + ("state",) if setup is not None else CALLBACK_PARAMETERS
 
 
-def as_callback(value, what: str, name: Optional[str], parameters: Sequence[str] = CALLBACK_PARAMETERS):
+def as_callback(value, what: str, name: str | None, parameters: Sequence[str] = CALLBACK_PARAMETERS):
     """A callback as given: a Python callable, or a native kernel in any of its forms.
 
     ``name`` is the op's, or None while the op is being named after ``f``;
@@ -53,8 +65,7 @@ def as_callback(value, what: str, name: Optional[str], parameters: Sequence[str]
 
 def callback_form_hint(parameters: Sequence[str] = CALLBACK_PARAMETERS) -> str:
     """What a callback is, and where a function ``f(x) -> y`` goes instead (for messages)."""
-    state = (" With setup=, the fourth is the state setup made for the call's inputs."
-             if "state" in parameters else "")
+    state = " With setup=, the fourth is the state setup made for the call's inputs." if "state" in parameters else ""
     return (
         f"jaxbind calls a callback as f({', '.join(parameters)}), with {len(parameters)} positional "
         "arguments: it writes its results into the arrays of `out` (one per output the abstract "
@@ -64,7 +75,7 @@ def callback_form_hint(parameters: Sequence[str] = CALLBACK_PARAMETERS) -> str:
     )
 
 
-def _why_not_callable_with(value, n: int) -> Optional[str]:
+def _why_not_callable_with(value, n: int) -> str | None:
     """Why ``value`` cannot be called with ``n`` positional arguments, or None if it can or might.
 
     Only a provable refusal counts: a callable whose signature cannot be read is
@@ -75,8 +86,10 @@ def _why_not_callable_with(value, n: int) -> Optional[str]:
             return None
         most = value.nin + value.nout
         takes = f"{value.nin}" if most == value.nin else f"from {value.nin} to {most}"
-        return (f"it is a NumPy ufunc of {value.nin} input(s) and {value.nout} output(s), which takes "
-                f"{takes} positional arguments, not {n}")
+        return (
+            f"it is a NumPy ufunc of {value.nin} input(s) and {value.nout} output(s), which takes "
+            f"{takes} positional arguments, not {n}"
+        )
     try:
         signature = inspect.signature(value)
     except (TypeError, ValueError):  # builtins without a text signature, some extension types
@@ -127,8 +140,9 @@ def named_callback(f, name, parameters: Sequence[str] = CALLBACK_PARAMETERS):
 def check_setup(name: str, setup, setup_cache, families) -> int:
     """``setup`` callable, every callback a Python one, ``setup_cache`` a positive int: the cache size."""
     if not callable(setup):
-        raise TypeError(f"jaxbind op '{name}': setup must be a callable setup(args, kwargs) -> state, got "
-                        f"{type(setup).__name__}.")
+        raise TypeError(
+            f"jaxbind op '{name}': setup must be a callable setup(args, kwargs) -> state, got {type(setup).__name__}."
+        )
     for family in families:
         for callback, label in zip(family.callbacks, family.labels):
             if isinstance(callback, NativeKernel):
@@ -137,10 +151,13 @@ def check_setup(name: str, setup, setup_cache, families) -> int:
                     f"jaxbind op '{name}': setup is given, but {what} ('{_name_of(callback)}') is a native "
                     "kernel, which takes no Python object: setup's state goes to Python callbacks only. "
                     "Keep a native kernel's state on the C side (a handle passed as an int kwarg), or "
-                    "make the op without setup.")
+                    "make the op without setup."
+                )
     if isinstance(setup_cache, (bool, np.bool_)) or not isinstance(setup_cache, numbers.Integral) or setup_cache < 1:
-        raise ValueError(f"jaxbind op '{name}': setup_cache must be a positive integer (the states the op "
-                         f"keeps), got {setup_cache!r:.100}.")
+        raise ValueError(
+            f"jaxbind op '{name}': setup_cache must be a positive integer (the states the op "
+            f"keeps), got {setup_cache!r:.100}."
+        )
     return int(setup_cache)
 
 
@@ -164,7 +181,8 @@ def inplace_pairs(name: str, inplace) -> tuple:
         return ()
     if not isinstance(inplace, dict):
         raise TypeError(
-            f"jaxbind op '{name}': inplace must be a dict {{output index: argument index}}, got {inplace!r:.100}.")
+            f"jaxbind op '{name}': inplace must be a dict {{output index: argument index}}, got {inplace!r:.100}."
+        )
     pairs = []
     for out, arg in inplace.items():
         for what, index in (("output", out), ("argument", arg)):
@@ -172,7 +190,8 @@ def inplace_pairs(name: str, inplace) -> tuple:
                 raise ValueError(
                     f"jaxbind op '{name}': inplace maps {out!r} to {arg!r}: the {what} index must be a "
                     "non-negative integer (outputs in the order the abstract returns them, arguments "
-                    "counting the fixed ones).")
+                    "counting the fixed ones)."
+                )
         pairs.append((int(out), int(arg)))
     args = [a for _, a in pairs]
     shared = sorted({a for a in args if args.count(a) > 1})
@@ -180,16 +199,19 @@ def inplace_pairs(name: str, inplace) -> tuple:
         outs = [o for o, a in sorted(pairs) if a == shared[0]]
         raise ValueError(
             f"jaxbind op '{name}': inplace puts outputs {outs} on argument {shared[0]}: an argument's "
-            "memory can hold one output; give the other outputs memory of their own.")
+            "memory can hold one output; give the other outputs memory of their own."
+        )
     return tuple(sorted(pairs))
 
 
 def check_flags(name: str, first_n_args_fixed, func_can_batch, vmap_method):
-    if isinstance(first_n_args_fixed, bool) or not isinstance(first_n_args_fixed, numbers.Integral) \
-            or first_n_args_fixed < 0:
+    if (
+        isinstance(first_n_args_fixed, bool)
+        or not isinstance(first_n_args_fixed, numbers.Integral)
+        or first_n_args_fixed < 0
+    ):
         raise ValueError(
-            f"jaxbind op '{name}': first_n_args_fixed must be a non-negative integer, "
-            f"got {first_n_args_fixed!r}."
+            f"jaxbind op '{name}': first_n_args_fixed must be a non-negative integer, got {first_n_args_fixed!r}."
         )
     if not isinstance(func_can_batch, (bool, np.bool_)):
         raise TypeError(f"jaxbind op '{name}': func_can_batch must be a bool, got {func_can_batch!r}.")
@@ -211,7 +233,7 @@ def check_flags(name: str, first_n_args_fixed, func_can_batch, vmap_method):
 _ARGUMENTS_ERROR = re.compile(r"\bargument|\bpositional|\bparameter")
 
 
-def arguments_hint(exc: BaseException) -> Optional[str]:
+def arguments_hint(exc: BaseException) -> str | None:
     """What a callback is, for a callback that could not take the call's arguments (its signature
     was not readable when the op was made), or None for another error.
 

@@ -25,7 +25,7 @@ def jaxbind_jvp(primals, tangents, *, role: Role, kwargs: Kwargs, batch: Batch):
     outs = bind(primals, role, kwargs, batch)
     if role.linear:
         tangent_out = _linear_jvp(primals, tangents, role, kwargs, batch)
-    elif any(type(t) is not ad.Zero for t in tangents[role.n_fixed:]) and _inexact(outs, role):
+    elif any(type(t) is not ad.Zero for t in tangents[role.n_fixed :]) and _inexact(outs, role):
         tangent_out = _nonlinear_jvp(primals, tangents, outs, role, kwargs, batch)
     else:
         tangent_out = None
@@ -33,8 +33,10 @@ def jaxbind_jvp(primals, tangents, *, role: Role, kwargs: Kwargs, batch: Batch):
         return outs, _zero_tangents(outs)
     # Residuals, integer and bool outputs have symbolic zero tangents (a
     # linear op's callback computed values for the integer ones: dropped).
-    return outs, [t if t is not None and is_differentiable(get_aval(o).dtype) else z
-                  for t, o, z in zip(tangent_out, outs, _zero_tangents(outs))]
+    return outs, [
+        t if t is not None and is_differentiable(get_aval(o).dtype) else z
+        for t, o, z in zip(tangent_out, outs, _zero_tangents(outs))
+    ]
 
 
 def _linear_jvp(primals, tangents, role: Role, kwargs: Kwargs, batch: Batch):
@@ -64,8 +66,7 @@ def _nonlinear_jvp(primals, tangents, outs, role: Role, kwargs: Kwargs, batch: B
     n_fixed, n_out = role.n_fixed, len(outs) - role.op.n_residuals
     inexact = _inexact(outs, role)
     jvp_role = Role.jvp(role.op, len(primals))
-    args = [*primals, *outs[n_out:],
-            *[_tangent_value(t, p) for t, p in zip(tangents[n_fixed:], primals[n_fixed:])]]
+    args = [*primals, *outs[n_out:], *[_tangent_value(t, p) for t, p in zip(tangents[n_fixed:], primals[n_fixed:])]]
     computed = dict(zip(inexact, as_batch(batch).jvp(role, jvp_role, args, kwargs, n_out, inexact)))
     return [computed.get(j) for j in range(len(outs))]
 
@@ -126,7 +127,7 @@ def jaxbind_transpose(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
     for i in range(role.n_fixed):
         if ad.is_undefined_primal(args[i]):
             raise _not_differentiable(role, i, "a transpose with respect to")
-    linear = [g for g in role.input_groups() if any(ad.is_undefined_primal(a) for a in args[g[1]:g[2]])]
+    linear = [g for g in role.input_groups() if any(ad.is_undefined_primal(a) for a in args[g[1] : g[2]])]
     if not linear or all(type(ct) is ad.Zero for ct in cts):
         return [None] * len(args)
     if len(linear) > 1:
@@ -138,7 +139,7 @@ def jaxbind_transpose(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
     group = slot, start, stop = linear[0]
     cts = _cotangent_values(cts, args, role, kwargs, batch)
     new_role = role.with_slot(slot, len(cts))
-    new_args = role.regroup(slot, args[:role.n_fixed], args[role.n_fixed:], cts)
+    new_args = role.regroup(slot, args[: role.n_fixed], args[role.n_fixed :], cts)
     plan = as_batch(batch).transpose(role, new_role, group, args, new_args, len(cts), kwargs)
     _check_declared(role, new_role, start, stop, plan)
     results = plan.finish(bind(new_args, new_role, kwargs, plan.batch))
@@ -152,10 +153,11 @@ def jaxbind_transpose(cts, *args, role: Role, kwargs: Kwargs, batch: Batch):
 def _check_declared(role: Role, new_role: Role, start: int, stop: int, plan):
     """The transpose's abstract declares one cotangent per linear argument, of its shape."""
     if len(plan.declared) != stop - start:
+        linear = ", ".join(_argument_text(role, i, start) for i in range(start, stop))
         raise ValueError(
             f"jaxbind {new_role.label}: its abstract function '{_name_of(new_role.abstract)}' "
             f"declares {len(plan.declared)} output(s), but this callback computes the cotangents of "
-            f"{stop - start} linear argument(s) ({', '.join(_argument_text(role, i, start) for i in range(start, stop))}). "
+            f"{stop - start} linear argument(s) ({linear}). "
             "It must return one (shape, dtype) per linear argument, in order."
         )
     for i, got, want in zip(range(start, stop), plan.declared, plan.primal):
@@ -173,6 +175,7 @@ def _cotangent_values(cts, args, role: Role, kwargs: Kwargs, batch: Batch):
     An integer or bool output's cotangent is ``float0`` (always zero), which no
     callback can take: zeros of the output's own dtype stand for it.
     """
+
     def dtype_of(ct):
         return ct.aval.dtype if type(ct) is ad.Zero else get_aval(ct).dtype
 
@@ -180,8 +183,10 @@ def _cotangent_values(cts, args, role: Role, kwargs: Kwargs, batch: Batch):
         return [_instantiate(ct) for ct in cts]
     avals = [a.aval if ad.is_undefined_primal(a) else get_aval(a) for a in args]
     outs = jaxbind_abstract_eval(*avals, role=role, kwargs=kwargs, batch=batch)
-    return [jnp.zeros(out.shape, out.dtype) if dtype_of(ct) == jax.dtypes.float0 else _instantiate(ct)
-            for ct, out in zip(cts, outs)]
+    return [
+        jnp.zeros(out.shape, out.dtype) if dtype_of(ct) == jax.dtypes.float0 else _instantiate(ct)
+        for ct, out in zip(cts, outs)
+    ]
 
 
 def _argument_text(role: Role, i: int, start: int) -> str:

@@ -11,7 +11,8 @@ object with those methods for a parameter, :data:`UNBATCHED` for None.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple, Optional, Tuple, Union
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -103,7 +104,7 @@ class WalkBatch:
     levels in front, as with ``"sequential"``, and the callback broadcasts.
     """
 
-    masks: Tuple[Tuple[bool, ...], ...]
+    masks: tuple[tuple[bool, ...], ...]
     callback_batch_axes = None
 
     @property
@@ -160,7 +161,7 @@ class WalkBatch:
         return self.levels, [list(map(int, m)) for m in self.masks]
 
     def output_shapes(self, role: Role, avals, kwargs):
-        core = [jax.ShapeDtypeStruct(a.shape[self.batch_dims(role, m):], a.dtype) for a, m in zip(avals, self.masks)]
+        core = [jax.ShapeDtypeStruct(a.shape[self.batch_dims(role, m) :], a.dtype) for a, m in zip(avals, self.masks)]
         prefix = self.level_sizes([a.shape for a in avals], _all_levels(role))
         outs = call_abstract(role, core, kwargs)
         for k, (shape, dtype, _) in enumerate(outs):  # the whole batch of it must fit too
@@ -170,7 +171,7 @@ class WalkBatch:
     def jvp(self, role: Role, jvp_role: Role, args, kwargs, n_out: int, inexact):
         # f's outputs, residuals included, have every level in front.
         full = ((True,) * self.levels,) * role.op.n_residuals
-        return bind(args, jvp_role, kwargs, WalkBatch(self.masks + full + self.masks[role.n_fixed:]))
+        return bind(args, jvp_role, kwargs, WalkBatch(self.masks + full + self.masks[role.n_fixed :]))
 
     def transpose(self, role: Role, new_role: Role, group, args, new_args, n_cts: int, kwargs) -> TransposePlan:
         slot, start, stop = group
@@ -179,18 +180,20 @@ class WalkBatch:
         batch = WalkBatch(tuple(role.regroup(slot, self.masks[:n_fixed], self.masks[n_fixed:], [full] * n_cts)))
         new_structs = structs(map(get_aval, new_args))
         check_input_dtypes(new_role, new_structs)
-        declared = [shape[self.levels:] for shape, _ in batch.output_shapes(new_role, new_structs, kwargs)]
-        primal = [args[i].aval.shape[self.batch_dims(role, self.masks[i]):] for i in range(start, stop)]
+        declared = [shape[self.levels :] for shape, _ in batch.output_shapes(new_role, new_structs, kwargs)]
+        primal = [args[i].aval.shape[self.batch_dims(role, self.masks[i]) :] for i in range(start, stop)]
         masks = self.masks[start:stop]
 
         def finish(results):
             # Levels at which an argument was not mapped were broadcast over: its
             # cotangent is the sum over them (kept as size-1 axes by expand_dims).
             return [
-                r if all(mask) else jnp.sum(r, axis=tuple(l for l, m in enumerate(mask) if not m),
-                                            keepdims=_all_levels(role))
+                r
+                if all(mask)
+                else jnp.sum(r, axis=tuple(axis for axis, m in enumerate(mask) if not m), keepdims=_all_levels(role))
                 for r, mask in zip(results, masks)
             ]
+
         return TransposePlan(batch, declared, primal, finish)
 
 
@@ -205,9 +208,9 @@ class SelfBatch:
     ``sizes`` the size of each level.
     """
 
-    in_axes: Tuple[Tuple[int, ...], ...]
-    out_axes: Tuple[Tuple[int, ...], ...]
-    sizes: Tuple[int, ...]
+    in_axes: tuple[tuple[int, ...], ...]
+    out_axes: tuple[tuple[int, ...], ...]
+    sizes: tuple[int, ...]
 
     @property
     def callback_batch_axes(self):
@@ -220,8 +223,7 @@ class SelfBatch:
         return self.out_axes
 
     def description(self):
-        return {SELF_BATCH_FIELD: [[list(a) for a in self.in_axes], [list(a) for a in self.out_axes],
-                                   list(self.sizes)]}
+        return {SELF_BATCH_FIELD: [[list(a) for a in self.in_axes], [list(a) for a in self.out_axes], list(self.sizes)]}
 
     def partitionable_levels(self) -> int:
         return 0
@@ -256,7 +258,7 @@ class SelfBatch:
     def jvp(self, role: Role, jvp_role: Role, args, kwargs, n_out: int, inexact):
         # Tangents are batched like their primals, residuals as f wrote them;
         # the output tangents go where f's outputs are.
-        in_axes = self.in_axes + self.out_axes[n_out:] + self.in_axes[role.n_fixed:]
+        in_axes = self.in_axes + self.out_axes[n_out:] + self.in_axes[role.n_fixed :]
         out_axes, _ = self_batched_out_layout(jvp_role, args, in_axes, kwargs)
         tangents = bind(args, jvp_role, kwargs, SelfBatch(in_axes, out_axes, self.sizes))
         return [move_levels(t, src, self.out_axes[j]) for t, src, j in zip(tangents, out_axes, inexact)]
@@ -276,11 +278,13 @@ class SelfBatch:
 
         def finish(results):
             return [move_levels(r, src, dst) for r, (src, dst) in zip(results, moves)]
-        return TransposePlan(SelfBatch(in_axes, out_axes, self.sizes), declared,
-                             _linear_shapes(args, start, stop), finish)
+
+        return TransposePlan(
+            SelfBatch(in_axes, out_axes, self.sizes), declared, _linear_shapes(args, start, stop), finish
+        )
 
 
-Batch = Optional[Union[WalkBatch, SelfBatch]]
+Batch = WalkBatch | SelfBatch | None
 
 
 def as_batch(batch: Batch):
@@ -303,7 +307,7 @@ def _peel(axes, shape):
     if not axes:
         return axes, shape
     last = axes[-1]
-    return tuple(a - 1 if a > last else a for a in axes[:-1]), shape[:last] + shape[last + 1:]
+    return tuple(a - 1 if a > last else a for a in axes[:-1]), shape[:last] + shape[last + 1 :]
 
 
 def self_batched_out_layout(role: Role, args, in_axes, kwargs):

@@ -18,7 +18,8 @@ def jaxbind_batch(args, dims, *, role: Role, kwargs: Kwargs, batch: Batch):
         *names, last = [repr(n) for n in accepted(DOOR_PURE_CALLBACK) if n is not None]
         raise NotImplementedError(
             f"vmap is only supported for the {role.op.name} op when vmap_method is one of "
-            f"{', '.join(names)}, or {last}. Got vmap_method=None.")
+            f"{', '.join(names)}, or {last}. Got vmap_method=None."
+        )
     if role.op.func_can_batch:
         return _batch_self(args, dims, role, kwargs, as_batch(batch))
     return _batch_walk(args, dims, role, kwargs, as_batch(batch))

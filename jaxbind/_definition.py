@@ -33,7 +33,7 @@ import collections
 import dataclasses
 import enum
 import weakref
-from typing import Callable, Optional, Tuple
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -132,10 +132,10 @@ class Family:
     ``labels`` only name it in messages (``"transpose 1 callback"``).
     """
 
-    callbacks: Tuple[Callable, ...]
-    abstracts: Tuple[Callable, ...]
-    kinds: Tuple[CallbackKind, ...]
-    labels: Tuple[str, ...]  # what each callback is, for messages only
+    callbacks: tuple[Callable, ...]
+    abstracts: tuple[Callable, ...]
+    kinds: tuple[CallbackKind, ...]
+    labels: tuple[str, ...]  # what each callback is, for messages only
     linear: bool
 
 
@@ -151,7 +151,7 @@ class JaxCallback:
     callback semantics (``io_callback``'s ordered effects) when an op needs them.
     """
 
-    sharding: Optional[object] = None  # a jax.sharding.Sharding pinning the call to one device, or None
+    sharding: object | None = None  # a jax.sharding.Sharding pinning the call to one device, or None
 
 
 def dtype_name(dtype) -> str:
@@ -173,33 +173,43 @@ class OpDef:
 
     kind: OpKind
     name: str
-    families: Tuple[Family, ...]
+    families: tuple[Family, ...]
     first_n_args_fixed: int
     func_can_batch: bool
     vmap_method: str = "sequential"  # how vmap hands a batch to the callbacks (see _batch_types)
     n_residuals: int = 0  # arrays f writes after its outputs, for the derivatives only
     thread_safe: bool = False  # Python callbacks may run on several threads at once (walks spread)
     # An op that behaves as a JAX callback (jaxbind.pure_callback's), or None for every other op.
-    jax_callback: Optional["JaxCallback"] = None
+    jax_callback: JaxCallback | None = None
     # ((output, argument), ...): forward outputs that are arguments updated in place (see _lowering)
-    inplace: Tuple[Tuple[int, int], ...] = ()
+    inplace: tuple[tuple[int, int], ...] = ()
 
     # This process's state of the op, kept with the definition (it dies with it). Not part of
     # equality, not copied by dataclasses.replace (a variant is another op); set by the methods below.
     _hash: int = dataclasses.field(init=False, repr=False)  # parameters are hashed often while tracing
-    _index: Optional[int] = dataclasses.field(default=None, init=False, repr=False)  # see take_index
+    _index: int | None = dataclasses.field(default=None, init=False, repr=False)  # see take_index
     # (role, kwargs, batch, padded, avals) -> SiteHandle, while a program holds it (see _sites)
-    _sites: Optional[weakref.WeakValueDictionary] = dataclasses.field(default=None, init=False, repr=False)
+    _sites: weakref.WeakValueDictionary | None = dataclasses.field(default=None, init=False, repr=False)
     # key -> SiteHandle made for a program's key, the newest last (see keep_resolved)
-    _resolved: Optional[collections.OrderedDict] = dataclasses.field(default=None, init=False, repr=False)
+    _resolved: collections.OrderedDict | None = dataclasses.field(default=None, init=False, repr=False)
     _ops: dict = dataclasses.field(default_factory=dict, init=False, repr=False)  # func_can_batch -> Op
 
     def __post_init__(self):
         object.__setattr__(self, "_hash", hash(self._key()))
 
     def _key(self):
-        return (self.kind, self.name, self.families, self.first_n_args_fixed, self.func_can_batch,
-                self.vmap_method, self.n_residuals, self.thread_safe, self.jax_callback, self.inplace)
+        return (
+            self.kind,
+            self.name,
+            self.families,
+            self.first_n_args_fixed,
+            self.func_can_batch,
+            self.vmap_method,
+            self.n_residuals,
+            self.thread_safe,
+            self.jax_callback,
+            self.inplace,
+        )
 
     def __eq__(self, other):
         return isinstance(other, OpDef) and (self is other or self._key() == other._key())
@@ -224,7 +234,7 @@ class OpDef:
         return op
 
     @property
-    def index(self) -> Optional[int]:
+    def index(self) -> int | None:
         """The op's place among this process's ops of its name (``_sites``); None until it has one."""
         return self._index
 
@@ -269,7 +279,8 @@ class OpDef:
             rule = "jax.custom_vjp" if what == "transpose" else "jax.custom_jvp"
             return ValueError(
                 f"Pure callbacks do not support {what}. Please use `{rule}` to use callbacks while "
-                f"taking gradients. (jaxbind op '{self.name}')")
+                f"taking gradients. (jaxbind op '{self.name}')"
+            )
         return ValueError(
             f"jaxbind op '{self.name}' was made without derivatives (f_derivative=None) and "
             f"cannot be differentiated: JAX asked for {requested}. Give it derivatives in JAX: "
@@ -281,7 +292,7 @@ class OpDef:
         )
 
     @property
-    def n_linear_args(self) -> Optional[int]:
+    def n_linear_args(self) -> int | None:
         """The number of multilinear arguments, fixed by the transposes given."""
         if self.kind is OpKind.MULTILINEAR:
             return len(self.families[0].callbacks) - 1
@@ -301,7 +312,7 @@ class Role:
     family: int
     slot: int
     n_fixed: int
-    in_sizes: Tuple[int, ...]
+    in_sizes: tuple[int, ...]
 
     def __post_init__(self):
         object.__setattr__(self, "_hash", hash((self.op, self.family, self.slot, self.n_fixed, self.in_sizes)))
@@ -310,7 +321,7 @@ class Role:
         return self._hash
 
     @classmethod
-    def forward(cls, op: OpDef, n_args: int) -> "Role":
+    def forward(cls, op: OpDef, n_args: int) -> Role:
         """The op's own function ``f`` called with ``n_args`` arrays (a count the op checked)."""
         n_fixed = op.first_n_args_fixed
         if op.kind is OpKind.LINEAR:
@@ -322,14 +333,19 @@ class Role:
         return cls(op, FORWARD_FAMILY, slot=len(in_sizes), n_fixed=n_fixed, in_sizes=in_sizes)
 
     @classmethod
-    def jvp(cls, op: OpDef, n_primals: int) -> "Role":
+    def jvp(cls, op: OpDef, n_primals: int) -> Role:
         """The jvp callback of nonlinear ``op`` called with ``n_primals`` arrays.
 
         Its fixed arrays are the primals and the residuals; its one input slot
         the tangents of the differentiable arguments.
         """
-        return cls(op, DERIVATIVE_FAMILY, slot=TANGENT_OUT_SLOT, n_fixed=n_primals + op.n_residuals,
-                   in_sizes=(n_primals - op.first_n_args_fixed,))
+        return cls(
+            op,
+            DERIVATIVE_FAMILY,
+            slot=TANGENT_OUT_SLOT,
+            n_fixed=n_primals + op.n_residuals,
+            in_sizes=(n_primals - op.first_n_args_fixed,),
+        )
 
     @property
     def callback_kind(self) -> CallbackKind:
@@ -360,7 +376,7 @@ class Role:
         return self.op.families[self.family].labels[self.slot]
 
     @property
-    def inplace_pairs(self) -> Tuple[Tuple[int, int], ...]:
+    def inplace_pairs(self) -> tuple[tuple[int, int], ...]:
         """(output, argument) pairs this call updates in place: the op's ``inplace``, forward calls only."""
         return self.op.inplace if self.callback_kind is CallbackKind.FORWARD else ()
 
@@ -378,7 +394,8 @@ class Role:
     def declares_residuals(self) -> bool:
         """Whether the abstract this role calls declares the op's residuals after its outputs."""
         return self.op.n_residuals > 0 and (
-            self.is_jvp or (self.callback_kind is CallbackKind.FORWARD and self.op.kind is OpKind.NONLINEAR))
+            self.is_jvp or (self.callback_kind is CallbackKind.FORWARD and self.op.kind is OpKind.NONLINEAR)
+        )
 
     def abstract_inputs(self, items):
         """The part of this role's inputs (arrays, structs or batch axes) its abstract is called with.
@@ -391,14 +408,14 @@ class Role:
         tangents at a fixed primal point).
         """
         if self.is_jvp and self.op.n_residuals:
-            return items[:self.op.first_n_args_fixed] + items[self.n_fixed:]
+            return items[: self.op.first_n_args_fixed] + items[self.n_fixed :]
         return items
 
     @property
     def n_slots(self) -> int:
         return len(self.in_sizes) + 1
 
-    def slot_sizes(self, n_out: int) -> Tuple[int, ...]:
+    def slot_sizes(self, n_out: int) -> tuple[int, ...]:
         """Sizes of all slots, given how many outputs (this role's slot) there are."""
         sizes = list(self.in_sizes)
         sizes.insert(self.slot, n_out)
@@ -421,19 +438,17 @@ class Role:
         """
         by_slot = {self.slot: list(outputs)}
         for slot, start, stop in self.input_groups():
-            by_slot[slot] = list(inputs[start - self.n_fixed:stop - self.n_fixed])
+            by_slot[slot] = list(inputs[start - self.n_fixed : stop - self.n_fixed])
         regrouped = list(fixed)
         for slot in range(self.n_slots):
             if slot != new_slot:
                 regrouped += by_slot[slot]
         return regrouped
 
-    def with_slot(self, slot: int, n_out: int) -> "Role":
+    def with_slot(self, slot: int, n_out: int) -> Role:
         """The role of the same family that computes ``slot`` (the transpose)."""
         sizes = self.slot_sizes(n_out)
-        return dataclasses.replace(
-            self, slot=slot, in_sizes=tuple(s for i, s in enumerate(sizes) if i != slot)
-        )
+        return dataclasses.replace(self, slot=slot, in_sizes=tuple(s for i, s in enumerate(sizes) if i != slot))
 
     def __repr__(self):
         return self.label.replace("op ", "", 1)

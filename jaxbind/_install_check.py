@@ -36,7 +36,7 @@ def _field(other, name: str) -> str:
     try:
         metadata = other.metadata
         value = metadata.get(name) if metadata is not None else None
-    except Exception:  # noqa: BLE001 (unreadable metadata: a field we cannot know)
+    except Exception:
         return ""
     return str(value) if value is not None else ""
 

@@ -4,11 +4,31 @@ from __future__ import annotations
 
 # What the other modules import from here (the rest is this module's own).
 __all__ = [
-    "ArrayImpl", "Primitive", "ad", "add_keepalive", "apply_primitive", "at_top_level", "auto_device_count",
-    "batch_partitioning_attributes", "batching", "canonicalize_dtype", "cast_to_common_vma", "get_aval",
-    "hold_weakly_in_jax_caches", "lowering_for_export", "lru_cleared_with_jax_caches", "mlir",
-    "needs_devices_to_lower", "place_callback", "register_batch_partitionable", "register_replication_rules",
-    "reshard_like", "runtime_error_of_fast_path", "set_frontend_attribute", "shaped_array", "sharding_spec",
+    "ArrayImpl",
+    "Primitive",
+    "ad",
+    "add_keepalive",
+    "apply_primitive",
+    "at_top_level",
+    "auto_device_count",
+    "batch_partitioning_attributes",
+    "batching",
+    "canonicalize_dtype",
+    "cast_to_common_vma",
+    "get_aval",
+    "hold_weakly_in_jax_caches",
+    "lowering_for_export",
+    "lru_cleared_with_jax_caches",
+    "mlir",
+    "needs_devices_to_lower",
+    "place_callback",
+    "register_batch_partitionable",
+    "register_replication_rules",
+    "reshard_like",
+    "runtime_error_of_fast_path",
+    "set_frontend_attribute",
+    "shaped_array",
+    "sharding_spec",
     "varying_axes",
 ]
 
@@ -28,7 +48,7 @@ import numpy as np
 from jax._src import core as _core
 
 # The type of a concrete JAX array (jax.Array is an abstract base class over it).
-from jax._src.array import ArrayImpl  # noqa: E402
+from jax._src.array import ArrayImpl
 
 # The abstract value of an array or tracer: jax.typeof from 0.6 on.
 get_aval = getattr(jax, "typeof", None) or jax.core.get_aval
@@ -42,6 +62,7 @@ get_aval = getattr(jax, "typeof", None) or jax.core.get_aval
 
 _SHAPED_PARAMS = inspect.signature(_core.ShapedArray).parameters  # (__new__ or __init__)
 if "manual_axis_type" in _SHAPED_PARAMS:
+
     def varying_axes(aval) -> frozenset:
         mat = getattr(aval, "manual_axis_type", None)
         return getattr(mat, "varying", None) or frozenset()
@@ -49,17 +70,20 @@ if "manual_axis_type" in _SHAPED_PARAMS:
     def _vma_params(vma):
         return {"manual_axis_type": _core.ManualAxisType(varying=vma)} if vma else {}
 elif "vma" in _SHAPED_PARAMS:  # pragma: no cover - jax 0.6 to 0.9
+
     def varying_axes(aval) -> frozenset:
         return getattr(aval, "vma", None) or frozenset()  # (None on a ShapeDtypeStruct)
 
     def _vma_params(vma):
         return {"vma": frozenset(vma)}
 else:  # pragma: no cover - jax 0.5
+
     def varying_axes(aval) -> frozenset:
         return frozenset()
 
     def _vma_params(vma):
         return {}
+
 
 # The cast of a value to varying over more manual axes (its transpose is a psum).
 _pvary = getattr(_core, "pvary", None) or getattr(jax.lax, "pvary", None)
@@ -78,8 +102,7 @@ def cast_to_common_vma(args):
     union = frozenset().union(*vmas)
     if not union or _pvary is None:
         return list(args)
-    return [a if vma == union else _pvary(a, tuple(sorted(union - vma, key=str)))
-            for a, vma in zip(args, vmas)]
+    return [a if vma == union else _pvary(a, tuple(sorted(union - vma, key=str))) for a, vma in zip(args, vmas)]
 
 
 def sharding_spec(aval) -> tuple:
@@ -133,6 +156,7 @@ def shaped_array(shape, dtype, like=None, vma=frozenset(), spec=()):
 # broadcasts the inputs to that common replication first (as cast_to_common_vma
 # does with types).
 
+
 def register_replication_rules(primitive) -> None:
     if hasattr(jax, "shard_map"):  # jax >= 0.7: typed varying axes only
         return
@@ -163,17 +187,18 @@ def register_replication_rules(primitive) -> None:
 
 _register_partitionable = getattr(jax.ffi, "register_ffi_target_as_batch_partitionable", None)
 try:
-    from jax._src.custom_partitioning_sharding_rule import (
-        sdy_sharding_rule_to_mlir as _sdy_rule_to_mlir, str_to_sdy_sharding_rule as _sdy_rule,
-    )
+    from jax._src.custom_partitioning_sharding_rule import sdy_sharding_rule_to_mlir as _sdy_rule_to_mlir
+    from jax._src.custom_partitioning_sharding_rule import str_to_sdy_sharding_rule as _sdy_rule
 except ImportError:  # pragma: no cover - older jax
     _sdy_rule = None
 
 
 if len(inspect.signature(mlir.aval_to_ir_type).parameters) == 2:  # (module context, aval)
+
     def _ir_type(ctx, aval):
         return mlir.aval_to_ir_type(ctx.module_context, aval)
 else:  # pragma: no cover - older jax
+
     def _ir_type(ctx, aval):
         return mlir.aval_to_ir_type(aval)
 
@@ -211,15 +236,21 @@ def batch_partitioning_attributes(ctx, levels: int, avals_in=None) -> dict:
 
     ``avals_in``: the call's operands, when they are not ``ctx.avals_in``.
     """
-    attributes = {"mhlo.frontend_attributes": mlir.ir.DictAttr.get(
-        {"num_batch_dims": mlir.ir.StringAttr.get(str(levels))})}
+    attributes = {
+        "mhlo.frontend_attributes": mlir.ir.DictAttr.get({"num_batch_dims": mlir.ir.StringAttr.get(str(levels))})
+    }
     if _sdy_rule is not None and getattr(jax.config, "jax_use_shardy_partitioner", False):
         letters = (f"d{k}" for k in itertools.count())  # a factor per non-batch dimension
-        side = lambda avals: ", ".join(  # noqa: E731
-            " ".join(["..."] + [next(letters) for _ in a.shape[levels:]]) for a in avals)
+
+        def side(avals):
+            return ", ".join(" ".join(["..."] + [next(letters) for _ in a.shape[levels:]]) for a in avals)
+
         avals_in = ctx.avals_in if avals_in is None else avals_in
         rule = _sdy_rule(f"{side(avals_in)} -> {side(ctx.avals_out)}")
-        types = lambda avals: [_ir_type(ctx, a) for a in avals]  # noqa: E731
+
+        def types(avals):
+            return [_ir_type(ctx, a) for a in avals]
+
         attributes["sdy.sharding_rule"] = _sdy_rule_to_mlir(rule, types(avals_in), types(ctx.avals_out))
     return attributes
 
@@ -258,8 +289,6 @@ def runtime_error_of_fast_path(err: ValueError, prefixes: tuple):
     return jax.errors.JaxRuntimeError(str(err)).with_traceback(err.__traceback__)
 
 
-
-
 def place_callback(ctx, results, sharding) -> None:
     """Annotate a custom call as ``jax.pure_callback`` annotates its own.
 
@@ -269,6 +298,7 @@ def place_callback(ctx, results, sharding) -> None:
     """
     from jax._src import callback as _callback
     from jax._src.interpreters import mlir as _mlir
+
     op_sharding = _callback._callback_op_sharding(ctx.module_context.axis_context, sharding, ctx.avals_out)
     if op_sharding is None:
         return
@@ -281,12 +311,14 @@ def place_callback(ctx, results, sharding) -> None:
 def needs_devices_to_lower(primitive) -> None:
     """Have JAX pass a program's devices to the lowering of programs that use ``primitive``."""
     from jax._src import dispatch as _dispatch
+
     _dispatch.prim_requires_devices_during_lowering.add(primitive)
 
 
 def at_top_level() -> bool:
     """Whether no trace is active (a call runs eagerly, as JAX's impl rules do)."""
     from jax._src import core as _core
+
     return isinstance(_core.trace_ctx.trace, _core.EvalTrace)
 
 
@@ -317,6 +349,7 @@ def hold_weakly_in_jax_caches(param_type: type) -> None:
     """
     try:
         from jax._src import util as _util
+
         _util.weakref_cache_key_types.add(param_type)
     except (ImportError, AttributeError):  # a JAX without the set: nothing holds it there
         pass
@@ -326,4 +359,5 @@ def lru_cleared_with_jax_caches(max_size: int):
     """A ``functools.lru_cache(max_size)`` decorator whose entries ``jax.clear_caches()`` drops with
     JAX's own caches (``jax._src.util.cache``, whose registry of caches differs between versions)."""
     from jax._src import util as _util
+
     return _util.cache(max_size=max_size, trace_context_in_key=False)

@@ -54,8 +54,13 @@ def retire_overlapping(views):
     for obj in referents:
         if type(obj) in _PROXY_TYPES:
             continue
-        if (isinstance(obj, np.ndarray) and id(obj) not in kept_ids and not obj.flags.owndata
-                and id(obj) not in overlapping and overlaps(obj)):
+        if (
+            isinstance(obj, np.ndarray)
+            and id(obj) not in kept_ids
+            and not obj.flags.owndata
+            and id(obj) not in overlapping
+            and overlaps(obj)
+        ):
             owner = _owner(obj, kept_ids)
             if owner is True or (owner is not None and not isinstance(owner, jax.Array)):
                 overlapping[id(obj)] = obj
@@ -143,11 +148,28 @@ def give_copies(views) -> bool:
 
 # Holders that reach an array only through their reference to it, so that the copy the array is
 # given is what they see; instances of classes written in Python too (their attributes).
-_PLAIN_HOLDERS = frozenset({
-    list, tuple, dict, set, frozenset, collections.deque, collections.OrderedDict, collections.defaultdict,
-    types.CellType, types.FrameType, types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType,
-    types.MethodType, types.BuiltinMethodType, types.SimpleNamespace, object, np.ndarray,
-})
+_PLAIN_HOLDERS = frozenset(
+    {
+        list,
+        tuple,
+        dict,
+        set,
+        frozenset,
+        collections.deque,
+        collections.OrderedDict,
+        collections.defaultdict,
+        types.CellType,
+        types.FrameType,
+        types.GeneratorType,
+        types.CoroutineType,
+        types.AsyncGeneratorType,
+        types.MethodType,
+        types.BuiltinMethodType,
+        types.SimpleNamespace,
+        object,
+        np.ndarray,
+    }
+)
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (or type())
 
 
@@ -236,6 +258,7 @@ def _pointer_holders(objects, reaching, overlaps):
     ``np.nditer`` objects, ``a.ctypes`` objects, numba typed Lists and Dicts holding such an array.
     Returns ``[(object, hit), ...]``: ``hit`` is true, for a numba container the keys of its items that reach it.
     """
+
     def reaches(array):
         return isinstance(array, np.ndarray) and (id(array) in reaching or overlaps(array))
 

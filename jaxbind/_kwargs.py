@@ -19,8 +19,19 @@ import numpy as np
 from . import _trampoline
 from ._definition import JaxbindError
 
-__all__ = ["KW_BOOL", "KW_FLOAT", "KW_FLOAT_ARRAY", "KW_INT", "KW_INT_ARRAY", "KW_STRING", "Kwargs", "kernel_kwargs",
-           "load_kwargs", "load_plain", "native_kwarg_entry"]
+__all__ = [
+    "KW_BOOL",
+    "KW_FLOAT",
+    "KW_FLOAT_ARRAY",
+    "KW_INT",
+    "KW_INT_ARRAY",
+    "KW_STRING",
+    "Kwargs",
+    "kernel_kwargs",
+    "load_kwargs",
+    "load_plain",
+    "native_kwarg_entry",
+]
 
 
 def load_kwargs(kwargs_dump) -> dict:
@@ -149,14 +160,14 @@ class Kwargs:
         self._immutable = _UNREAD
 
     @classmethod
-    def from_dump(cls, dump: bytes) -> "Kwargs":
+    def from_dump(cls, dump: bytes) -> Kwargs:
         """Kwargs from bytes an earlier ``Kwargs`` of this process made (never foreign bytes)."""
         kwargs = cls.__new__(cls)
         kwargs.dump, kwargs._hash, kwargs._immutable = dump, hash(dump), _UNREAD
         return kwargs
 
     @classmethod
-    def from_program(cls, dump: bytes, op_name: str, ours: bool) -> "Kwargs":
+    def from_program(cls, dump: bytes, op_name: str, ours: bool) -> Kwargs:
         """Kwargs from the bytes a program's description carries.
 
         ``ours``: the program's key is one this process registered, so the bytes
@@ -182,7 +193,7 @@ class Kwargs:
             return dict(values) if kept is not None else values
         return dict(kept) if kept is not None else pickle.loads(self.dump)
 
-    def with_values(self, **extra) -> "Kwargs":
+    def with_values(self, **extra) -> Kwargs:
         """A copy with more entries (used for ``batch_axes``)."""
         return Kwargs({**self.values, **extra}, op_name="")
 
@@ -237,6 +248,7 @@ def _members(kind):
         if type(items) not in (list, tuple):  # (a range would make a set as large as it says)
             raise pickle.UnpicklingError(f"{kind.__name__} of a {type(items).__name__}")
         return kind(items)
+
     return build
 
 
@@ -256,23 +268,37 @@ def _reconstruct(cls, shape, dtype):
     return np.ndarray.__new__(np.ndarray, (0,), "b")
 
 
-_NUMPY_MODULES = ("numpy", "numpy.core.multiarray", "numpy._core.multiarray", "numpy.core.numeric",
-                  "numpy._core.numeric")
+_NUMPY_MODULES = (
+    "numpy",
+    "numpy.core.multiarray",
+    "numpy._core.multiarray",
+    "numpy.core.numeric",
+    "numpy._core.numeric",
+)
 _PLAIN_GLOBALS = {
-    ("builtins", "complex"): complex, ("builtins", "slice"): slice, ("builtins", "range"): range,
-    ("builtins", "set"): _members(set), ("builtins", "frozenset"): _members(frozenset),
+    ("builtins", "complex"): complex,
+    ("builtins", "slice"): slice,
+    ("builtins", "range"): range,
+    ("builtins", "set"): _members(set),
+    ("builtins", "frozenset"): _members(frozenset),
     ("collections", "OrderedDict"): _ordered_dict,
     **{(module, "_reconstruct"): _reconstruct for module in _NUMPY_MODULES},
     **{(module, "ndarray"): _NdarrayClass for module in _NUMPY_MODULES},
     **{(module, "dtype"): np.dtype for module in _NUMPY_MODULES},
-    **{(module, "scalar"): getattr(np, "_core", getattr(np, "core", None)).multiarray.scalar
-       for module in _NUMPY_MODULES},
-    **{(module, "_frombuffer"): getattr(np, "_core", getattr(np, "core", None)).numeric._frombuffer
-       for module in _NUMPY_MODULES},
+    **{
+        (module, "scalar"): getattr(np, "_core", getattr(np, "core", None)).multiarray.scalar
+        for module in _NUMPY_MODULES
+    },
+    **{
+        (module, "_frombuffer"): getattr(np, "_core", getattr(np, "core", None)).numeric._frombuffer
+        for module in _NUMPY_MODULES
+    },
 }
 
 # The opcodes pickle writes for such data. Left out: persistent ids and the extension registry
 # (objects found by a number), INST/OBJ/NEWOBJ (an instance of any class) and out-of-band buffers.
+# Not formatted: a table read by kind, a row per kind.
+# fmt: off
 _PLAIN_OPCODES = frozenset({
     "PROTO", "FRAME", "STOP", "MARK", "POP", "POP_MARK", "DUP", "NONE", "NEWTRUE", "NEWFALSE",
     "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
@@ -283,6 +309,7 @@ _PLAIN_OPCODES = frozenset({
     "GET", "BINGET", "LONG_BINGET", "PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE",
     "GLOBAL", "STACK_GLOBAL", "REDUCE", "BUILD",
 })
+# fmt: on
 _PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 MAX_PROGRAM_KWARGS_DEPTH = 100  # containers in containers, in a program's kwargs
 
@@ -318,8 +345,7 @@ def _check_size(values, budget: int) -> None:
         value, depth = stack.pop()
         count += 1
         if count > budget:
-            raise pickle.UnpicklingError(
-                f"they expand to more than {budget} values (parts of them repeat themselves)")
+            raise pickle.UnpicklingError(f"they expand to more than {budget} values (parts of them repeat themselves)")
         if depth > MAX_PROGRAM_KWARGS_DEPTH:
             raise pickle.UnpicklingError(f"they nest more than {MAX_PROGRAM_KWARGS_DEPTH} levels deep")
         kind = type(value)
@@ -347,7 +373,8 @@ def load_plain(dump: bytes, label: str) -> dict:
             f"jaxbind {label}: the program's kwargs cannot be read here ({type(err).__name__}: "
             f"{str(err)[:200]}): kwargs travel in a serialized program only as plain data (numbers, "
             "strings, bools, None, lists, tuples, dicts, sets and NumPy arrays or scalars), at most "
-            f"{MAX_PROGRAM_KWARGS_DEPTH} levels deep.") from None
+            f"{MAX_PROGRAM_KWARGS_DEPTH} levels deep."
+        ) from None
     return values
 
 
@@ -357,8 +384,8 @@ def load_plain(dump: bytes, label: str) -> dict:
 
 # enum jaxbind_kwarg_type in jaxbind.h
 KW_INT, KW_FLOAT, KW_BOOL, KW_STRING, KW_INT_ARRAY, KW_FLOAT_ARRAY = (
-    _trampoline.KWARG_TYPES[name]
-    for name in ("int", "float", "bool", "string", "int_array", "float_array"))
+    _trampoline.KWARG_TYPES[name] for name in ("int", "float", "bool", "string", "int_array", "float_array")
+)
 
 
 def kernel_kwargs(values: dict, label: str, batch_axes=None, n_in: int = 0, can_batch=False, kernel=None):
@@ -417,8 +444,11 @@ def native_kwarg_entry(key, value, label: str):
             raise refuse() from None
         if array.ndim != 1:
             raise refuse(f" of {array.ndim} dimensions")
-        if np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_ or (
-                array.size == 0 and not isinstance(value, np.ndarray)):  # [] counts as ints
+        if (
+            np.issubdtype(array.dtype, np.integer)
+            or array.dtype == np.bool_
+            or (array.size == 0 and not isinstance(value, np.ndarray))
+        ):  # [] counts as ints
             ints = [int(v) for v in array]
             if not all(-(1 << 63) <= v < (1 << 63) for v in ints):
                 raise refuse(f" of dtype {array.dtype}: an entry does not fit in a signed 64-bit integer")

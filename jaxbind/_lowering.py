@@ -10,8 +10,15 @@ import numpy as np
 
 from ._batch_types import Batch, as_batch
 from ._definition import JaxbindError, Role
-from ._jax_compat import (add_keepalive, auto_device_count, batch_partitioning_attributes, lowering_for_export,
-                          mlir, place_callback, set_frontend_attribute)
+from ._jax_compat import (
+    add_keepalive,
+    auto_device_count,
+    batch_partitioning_attributes,
+    lowering_for_export,
+    mlir,
+    place_callback,
+    set_frontend_attribute,
+)
 from ._kwargs import Kwargs
 from ._runtime import ASYNC_TARGET, TARGET
 from ._sites import check_exportable, describe, site_for
@@ -28,7 +35,7 @@ def _padded_levels(ctx, levels: int) -> tuple:
     devices = auto_device_count(ctx)
     if not levels or devices <= 1:
         return ()
-    return tuple(l for l in range(levels) if ctx.avals_out[0].shape[l] % devices)
+    return tuple(level for level in range(levels) if ctx.avals_out[0].shape[level] % devices)
 
 
 def _validity(ctx, levels: int, padded: tuple):
@@ -47,7 +54,7 @@ def _validity(ctx, levels: int, padded: tuple):
     aval = jax.core.ShapedArray(shape, dtype)
 
     def validity():
-        remaining = [shape[l] - jax.lax.broadcasted_iota(dtype, shape, l) for l in padded]
+        remaining = [shape[level] - jax.lax.broadcasted_iota(dtype, shape, level) for level in padded]
         return functools.reduce(jnp.minimum, remaining)
 
     value = mlir.lower_fun(validity, multiple_results=False)(ctx.replace(avals_in=[], avals_out=[aval]))
@@ -71,7 +78,8 @@ def _operand_output_aliases(ctx, role: Role) -> dict:
             raise JaxbindError(
                 f"jaxbind {role.label}: inplace maps output {out} to argument {arg}, but in this "
                 f"program they are {made.str_short()} and {given.str_short()}; an output updated in "
-                "place must have its argument's shape, dtype and batch layout.")
+                "place must have its argument's shape, dtype and batch layout."
+            )
         aliases[arg] = out
     return aliases
 
@@ -89,8 +97,9 @@ def jaxbind_lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
         args, avals_in = (*args, value), (*avals_in, aval)
     if lowering_for_export(ctx):  # resolved by the op's name where it is deserialized
         check_exportable(role)
-        text, key = describe(role, kwargs, batch, avals_in[:len(avals_in) - bool(padded)], ctx.avals_out,
-                             bool(padded), exported=True)
+        text, key = describe(
+            role, kwargs, batch, avals_in[: len(avals_in) - bool(padded)], ctx.avals_out, bool(padded), exported=True
+        )
     else:
         handle = site_for(role, kwargs, batch, avals_in, ctx.avals_out, bool(padded))
         add_keepalive(ctx, handle)  # the site lives as long as the compiled program

@@ -10,13 +10,13 @@ import ctypes
 import functools
 import numbers
 import os
-from typing import Optional
 
 import numpy as np
 
 from . import _trampoline
 
 __all__ = ["NativeKernel", "as_kernel", "get_include", "native"]
+
 
 def get_include() -> str:
     """The folder holding ``jaxbind.h`` and its Fortran twin ``jaxbind.f90``.
@@ -99,8 +99,7 @@ class NativeKernel:
     _kind = "native kernel"  # (for messages)
     _fields = False  # True: it reads its kwargs as fields, so a declared kwarg without a default must be passed
 
-    def __init__(self, address: int, name: Optional[str] = None, keepalive=None,
-                 concurrent: bool = False, kwargs=None):
+    def __init__(self, address: int, name: str | None = None, keepalive=None, concurrent: bool = False, kwargs=None):
         self.address = int(address)
         self.__name__ = name or _symbol_name(self.address)
         self.concurrent = bool(concurrent)
@@ -110,10 +109,15 @@ class NativeKernel:
     def _key(self):
         return (self.address, self.__name__, self.concurrent, self.declared)
 
-    def _with(self, name: Optional[str], concurrent: bool, keepalive, kwargs=None) -> "NativeKernel":
+    def _with(self, name: str | None, concurrent: bool, keepalive, kwargs=None) -> NativeKernel:
         """The same code under another name, mode or declaration (a subclass keeps its kind)."""
-        return NativeKernel(self.address, name or self.__name__, (self._keepalive, keepalive), concurrent,
-                            self.declared if kwargs is None else kwargs)
+        return NativeKernel(
+            self.address,
+            name or self.__name__,
+            (self._keepalive, keepalive),
+            concurrent,
+            self.declared if kwargs is None else kwargs,
+        )
 
     def address_for(self, in_avals, out_avals, kwargs: dict) -> int:
         """The address to call for one call site: its inputs' and outputs' avals and its kwargs.
@@ -156,12 +160,17 @@ def _declare(kwargs, where: str, fields: bool):
     if kwargs is None:
         return None
     from ._native_kwargs import declare
+
     return declare(kwargs, where, fields)
 
 
 class _DlInfo(ctypes.Structure):
-    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
-                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
 
 
 @functools.lru_cache(None)
@@ -175,7 +184,7 @@ def _dladdr():
     return dladdr
 
 
-def _symbol_name(address: int) -> Optional[str]:
+def _symbol_name(address: int) -> str | None:
     """The exported symbol that begins at ``address`` (``dladdr``), or None."""
     dladdr = _dladdr()
     if dladdr is None or not address:
@@ -191,8 +200,7 @@ def _symbol_name(address: int) -> Optional[str]:
     return info.dli_sname.decode("utf-8", "replace")
 
 
-def native(kernel, *, name: Optional[str] = None, keepalive=None,
-           concurrent: bool = False, kwargs=None) -> NativeKernel:
+def native(kernel, *, name: str | None = None, keepalive=None, concurrent: bool = False, kwargs=None) -> NativeKernel:
     """Mark a native kernel (``int kernel(const jaxbind_call*)``) for jaxbind.
 
     A native kernel is accepted wherever an op takes a callback (``f``, a
@@ -267,9 +275,7 @@ def native(kernel, *, name: Optional[str] = None, keepalive=None,
     if isinstance(kernel, (bool, np.bool_)) or not isinstance(kernel, (numbers.Integral, np.integer)):
         found = as_kernel(kernel, "the kernel", None, name_unnamed=False)
         if found is None:
-            raise TypeError(
-                f"jaxbind.native: expected an address or a native kernel, got {type(kernel).__name__}."
-            )
+            raise TypeError(f"jaxbind.native: expected an address or a native kernel, got {type(kernel).__name__}.")
         return found._with(name, concurrent, keepalive, kwargs)
     if kernel == 0:
         raise ValueError("jaxbind.native: the address is 0 (a null function pointer).")
@@ -286,7 +292,7 @@ def _is_numba_cfunc(obj) -> bool:
 KERNEL_SIGNATURE = "int kernel(const jaxbind_call *call)"
 
 
-def _numba_signature_problem(obj) -> Optional[str]:
+def _numba_signature_problem(obj) -> str | None:
     """Why a numba cfunc's signature is not the kernel signature, or None."""
     from numba import types  # (numba is imported already: obj is a cfunc)
 
@@ -295,15 +301,18 @@ def _numba_signature_problem(obj) -> Optional[str]:
         return None  # (unknown: a numba that keeps it elsewhere)
     args, result = tuple(signature.args), signature.return_type
     pointer_like = len(args) == 1 and (
-        args[0] == types.voidptr or isinstance(args[0], types.CPointer) or args[0] in (types.int64, types.uint64))
+        args[0] == types.voidptr or isinstance(args[0], types.CPointer) or args[0] in (types.int64, types.uint64)
+    )
     if result == types.int32 and pointer_like:
         return None
-    return (f"is a numba.cfunc with the signature {result}({', '.join(map(str, args))}), but a jaxbind "
-            f"kernel is {KERNEL_SIGNATURE}: declare it @numba.cfunc(numba.types.int32(numba.types.voidptr)) "
-            "(or int32(CPointer(...))), or write it in Python with jaxbind.numba_kernel")
+    return (
+        f"is a numba.cfunc with the signature {result}({', '.join(map(str, args))}), but a jaxbind "
+        f"kernel is {KERNEL_SIGNATURE}: declare it @numba.cfunc(numba.types.int32(numba.types.voidptr)) "
+        "(or int32(CPointer(...))), or write it in Python with jaxbind.numba_kernel"
+    )
 
 
-def _ctypes_signature_problem(obj) -> Optional[str]:
+def _ctypes_signature_problem(obj) -> str | None:
     """Why a ctypes function's declared restype/argtypes are not the kernel signature, or None.
 
     Undeclared argtypes (None, a CDLL function's default) say nothing and pass.
@@ -314,7 +323,8 @@ def _ctypes_signature_problem(obj) -> Optional[str]:
     def pointer_like(t):
         return isinstance(t, type) and (
             issubclass(t, (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_wchar_p, ctypes._Pointer))
-            or (issubclass(t, ctypes._SimpleCData) and t._type_ in "lLqQ" and ctypes.sizeof(t) == 8))
+            or (issubclass(t, ctypes._SimpleCData) and t._type_ in "lLqQ" and ctypes.sizeof(t) == 8)
+        )
 
     good_result = isinstance(restype, type) and issubclass(restype, ctypes.c_int)
     good_args = argtypes is None or (len(argtypes) == 1 and pointer_like(argtypes[0]))
@@ -322,12 +332,14 @@ def _ctypes_signature_problem(obj) -> Optional[str]:
         return None
     names = "?" if argtypes is None else ", ".join(getattr(t, "__name__", repr(t)) for t in argtypes)
     result = "None (void)" if restype is None else getattr(restype, "__name__", repr(restype))
-    return (f"is a ctypes function declared with restype {result} and argtypes [{names}], but a jaxbind "
-            f"kernel is {KERNEL_SIGNATURE}: declare restype = ctypes.c_int and argtypes = "
-            "[ctypes.c_void_p] (or leave argtypes unset)")
+    return (
+        f"is a ctypes function declared with restype {result} and argtypes [{names}], but a jaxbind "
+        f"kernel is {KERNEL_SIGNATURE}: declare restype = ctypes.c_int and argtypes = "
+        "[ctypes.c_void_p] (or leave argtypes unset)"
+    )
 
 
-def as_kernel(obj, what: str, op_name: Optional[str], name_unnamed: bool = True):
+def as_kernel(obj, what: str, op_name: str | None, name_unnamed: bool = True):
     """``obj`` as a :class:`NativeKernel` when it is a native form, else None.
 
     Native forms: a ctypes function pointer, a numba cfunc, a PyCapsule holding a
@@ -343,8 +355,7 @@ def as_kernel(obj, what: str, op_name: Optional[str], name_unnamed: bool = True)
 
     def null():
         return ValueError(
-            f"{prefix}: {what} is a null function pointer (address 0); "
-            "pass the address of a compiled kernel."
+            f"{prefix}: {what} is a null function pointer (address 0); pass the address of a compiled kernel."
         )
 
     if isinstance(obj, NativeKernel):

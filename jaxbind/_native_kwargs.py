@@ -9,37 +9,60 @@ from __future__ import annotations
 import collections.abc
 import keyword
 import typing
-from typing import Optional
 
-from ._kwargs import (KW_BOOL, KW_FLOAT, KW_FLOAT_ARRAY, KW_INT, KW_INT_ARRAY, KW_STRING, _short_repr,
-                      kernel_kwargs, native_kwarg_entry)
+from ._kwargs import (
+    KW_BOOL,
+    KW_FLOAT,
+    KW_FLOAT_ARRAY,
+    KW_INT,
+    KW_INT_ARRAY,
+    KW_STRING,
+    _short_repr,
+    kernel_kwargs,
+    native_kwarg_entry,
+)
 from ._native import NativeKernel
 
 __all__ = ["Declared", "check_native_kwargs", "declare"]
 
 # How a declaration and the messages write each kind.
-KIND_NAMES = {KW_INT: "int", KW_FLOAT: "float", KW_BOOL: "bool", KW_STRING: "str", KW_INT_ARRAY: "list[int]",
-              KW_FLOAT_ARRAY: "list[float]"}
+KIND_NAMES = {
+    KW_INT: "int",
+    KW_FLOAT: "float",
+    KW_BOOL: "bool",
+    KW_STRING: "str",
+    KW_INT_ARRAY: "list[int]",
+    KW_FLOAT_ARRAY: "list[float]",
+}
 _SCALAR_KINDS = {int: KW_INT, float: KW_FLOAT, bool: KW_BOOL, str: KW_STRING}
 # What each kind takes, for "pass ..." (the conversions of _converted).
-_TAKES = {KW_INT: "an int (or a bool)", KW_FLOAT: "a float (or an int)", KW_BOOL: "a bool (or the int 0 or 1)",
-          KW_STRING: "a string", KW_INT_ARRAY: "a 1-d sequence or array of ints",
-          KW_FLOAT_ARRAY: "a 1-d sequence or array of floats (or of ints)"}
+_TAKES = {
+    KW_INT: "an int (or a bool)",
+    KW_FLOAT: "a float (or an int)",
+    KW_BOOL: "a bool (or the int 0 or 1)",
+    KW_STRING: "a string",
+    KW_INT_ARRAY: "a 1-d sequence or array of ints",
+    KW_FLOAT_ARRAY: "a 1-d sequence or array of floats (or of ints)",
+}
 # Passed by jaxbind itself to the kernels of ops with func_can_batch=True.
 _RESERVED = ("batch_levels", "batch_axes")
 
 
-def _kind_of(spec) -> Optional[int]:
+def _kind_of(spec) -> int | None:
     """The code of a kind (``float``, ``list[int]``, ...), or None when ``spec`` is not one."""
     if isinstance(spec, type) and spec in _SCALAR_KINDS:
         return _SCALAR_KINDS[spec]
-    if typing.get_origin(spec) in (list, tuple) and typing.get_args(spec) in ((int,), (float,), (int, ...),
-                                                                              (float, ...)):
+    if typing.get_origin(spec) in (list, tuple) and typing.get_args(spec) in (
+        (int,),
+        (float,),
+        (int, ...),
+        (float, ...),
+    ):
         return KW_INT_ARRAY if typing.get_args(spec)[0] is int else KW_FLOAT_ARRAY
     return None
 
 
-def declare(spec, where: str, fields: bool = False) -> Optional["Declared"]:
+def declare(spec, where: str, fields: bool = False) -> Declared | None:
     """The declaration ``spec`` (a dict: name -> kind or default value) as a :class:`Declared`.
 
     ``where`` begins the messages (``jaxbind.native``); ``fields``: the names
@@ -48,19 +71,25 @@ def declare(spec, where: str, fields: bool = False) -> Optional["Declared"]:
     if spec is None or isinstance(spec, Declared):
         return spec
     if not isinstance(spec, collections.abc.Mapping):
-        raise TypeError(f"{where}: kwargs must be a dict of name -> type (int, float, bool, str, list[int], "
-                        f"list[float]) or default value, got {type(spec).__name__}.")
+        raise TypeError(
+            f"{where}: kwargs must be a dict of name -> type (int, float, bool, str, list[int], "
+            f"list[float]) or default value, got {type(spec).__name__}."
+        )
     declared = []
     for name, kind in spec.items():
         if not isinstance(name, str) or not name or "\0" in name or not _encodable(name):
             raise TypeError(f"{where}: kwargs declares {name!r:.60}, which is not a keyword argument name.")
         if name in _RESERVED:
-            raise ValueError(f"{where}: kwargs declares '{name}', which jaxbind passes itself to the kernels of "
-                             "ops with func_can_batch=True; declare only the kwargs the op is called with.")
+            raise ValueError(
+                f"{where}: kwargs declares '{name}', which jaxbind passes itself to the kernels of "
+                "ops with func_can_batch=True; declare only the kwargs the op is called with."
+            )
         if fields and (not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_")):
-            raise ValueError(f"{where}: kwargs declares '{name}', which cannot be a field of the kernel's kwargs "
-                             "(an attribute name that does not begin with an underscore and is not a Python "
-                             "keyword); rename it.")
+            raise ValueError(
+                f"{where}: kwargs declares '{name}', which cannot be a field of the kernel's kwargs "
+                "(an attribute name that does not begin with an underscore and is not a Python "
+                "keyword); rename it."
+            )
         code, default = _kind_of(kind), None
         if code is None:
             try:
@@ -69,11 +98,14 @@ def declare(spec, where: str, fields: bool = False) -> Optional["Declared"]:
                 raise TypeError(
                     f"{where}: kwargs declares '{name}' as {kind!r:.60}, which is neither a kind a native kernel "
                     "takes (int, float, bool, str, list[int], list[float]) nor a default value of one (an int, a "
-                    "float, a bool, a string or a 1-d sequence of ints or floats).") from None
+                    "float, a bool, a string or a 1-d sequence of ints or floats)."
+                ) from None
             default = tuple(default) if isinstance(default, list) else default
         if fields and code == KW_STRING:
-            raise TypeError(f"{where}: kwargs declares '{name}' a string, which a numba kernel cannot take; "
-                            "numba kernels take ints, floats, bools and 1-d sequences of ints or floats.")
+            raise TypeError(
+                f"{where}: kwargs declares '{name}' a string, which a numba kernel cannot take; "
+                "numba kernels take ints, floats, bools and 1-d sequences of ints or floats."
+            )
         declared.append((name, code, default))
     return Declared(tuple(sorted(declared)))
 
@@ -108,11 +140,14 @@ class Declared:
 
     def describe(self) -> str:
         """``r: float, n: int = 3``, or ``none``."""
+
         def shown(code, default):
             return str(bool(default)) if code == KW_BOOL else _short_repr(default)
 
-        text = [f"{name}: {KIND_NAMES[code]}" + ("" if default is None else f" = {shown(code, default)}")
-                for name, code, default in self.kwargs]
+        text = [
+            f"{name}: {KIND_NAMES[code]}" + ("" if default is None else f" = {shown(code, default)}")
+            for name, code, default in self.kwargs
+        ]
         return ", ".join(text) or "none"
 
     def entries(self, values: dict, label: str, kernel) -> list:
@@ -130,14 +165,16 @@ class Declared:
                 raise TypeError(
                     f"jaxbind {label}: keyword argument '{name}' is not one that {what} declares "
                     f"({self.describe()}); check its name, or add it to the kernel's kwargs={{...}} (every "
-                    "callback of an op gets every keyword argument of its call).")
+                    "callback of an op gets every keyword argument of its call)."
+                )
             code = self._by_name[name][0]
             entry = _converted(native_kwarg_entry(name, value, label), code)
             if entry is None:
                 kind = type(value).__name__
                 raise TypeError(
                     f"jaxbind {label}: keyword argument '{name}' is {'an' if kind[0] in 'aeiou' else 'a'} {kind} "
-                    f"({_short_repr(value)}), but {what} declares it {KIND_NAMES[code]}: pass {_TAKES[code]}.")
+                    f"({_short_repr(value)}), but {what} declares it {KIND_NAMES[code]}: pass {_TAKES[code]}."
+                )
             entries.append(entry)
         for name, code, default in self.kwargs:
             if name in values:
@@ -148,11 +185,12 @@ class Declared:
                 raise TypeError(
                     f"jaxbind {label}: {what} declares keyword argument '{name}' ({KIND_NAMES[code]}) without "
                     "a default, and the call does not pass it; a numba kernel reads its kwargs as fields, "
-                    f"which every call must give: pass it, or declare a default (kwargs={{'{name}': ...}}).")
+                    f"which every call must give: pass it, or declare a default (kwargs={{'{name}': ...}})."
+                )
         return entries
 
 
-def _converted(entry: tuple, code: int) -> Optional[tuple]:
+def _converted(entry: tuple, code: int) -> tuple | None:
     """A native kwarg entry as the kind ``code``, or None when the kind does not take it.
 
     The conversions of the header's accessors (a bool read as an int, an int

@@ -10,8 +10,10 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from . import _primitive  # noqa: F401  (registers the primitive's rules with JAX)
-from . import _trampoline
+from . import (
+    _primitive,  # noqa: F401  (registers the primitive's rules with JAX)
+    _trampoline,
+)
 from ._bind import bind
 from ._definition import OpDef, OpKind, Role
 from ._jax_compat import ArrayImpl, runtime_error_of_fast_path
@@ -138,7 +140,7 @@ class Op(functools.partial):
         pass  # (made in __new__: functools.partial takes its arguments there)
 
     @staticmethod
-    def of(function: OpFunction) -> "Op":
+    def of(function: OpFunction) -> Op:
         """The op an ``OpFunction`` describes (its own, or its variant with other flags).
 
         What ``op.func`` calls: code written for JAXbind may make a variant of
@@ -283,7 +285,7 @@ class Op(functools.partial):
         try:
             return call(*args)
         except ValueError as err:
-            raise _callback_error(err)
+            raise _callback_error(err)  # noqa: B904  (err itself, or its twin that suppresses err as context)
 
     def _numpy_for_jax(self, args):
         """``args`` with NumPy arrays in the other byte order copied into native order; a dtype
@@ -299,9 +301,12 @@ class Op(functools.partial):
                     f"jaxbind op '{self.name}': argument {i} is a NumPy {type(a).__name__} of dtype "
                     f"{a.dtype}, which JAX cannot pass (object, string, structured and datetime dtypes "
                     "are not array types of JAX's). Convert it to a numeric dtype, or pass it as a "
-                    "keyword argument if it is a static value.")
-        return tuple(a.astype(a.dtype.newbyteorder("=")) if isinstance(a, np.ndarray) and not a.dtype.isnative
-                     else a for a in args)
+                    "keyword argument if it is a static value."
+                )
+        return tuple(
+            a.astype(a.dtype.newbyteorder("=")) if isinstance(a, np.ndarray) and not a.dtype.isnative else a
+            for a in args
+        )
 
     def _entry(self, n: int):
         """Check the number of arguments once; the role the op plays when called with n."""
@@ -366,7 +371,7 @@ _NO_KWARGS = Kwargs({}, "")
 # leaves with the last of them (Op.__del__) or, past the bound, by age (an op
 # whose callback holds the op itself is freed that way).
 EAGER_CACHE_SIZE = 128
-_EAGER: "collections.OrderedDict" = collections.OrderedDict()
+_EAGER: collections.OrderedDict = collections.OrderedDict()
 
 
 def _raise_failed_call(err: ValueError):
@@ -374,7 +379,7 @@ def _raise_failed_call(err: ValueError):
     try:
         raise err
     except ValueError:
-        raise _callback_error(err)
+        raise _callback_error(err)  # noqa: B904  (err itself, or its twin that suppresses err as context)
 
 
 # An op's calls: the fast path in the compiled core, everything else Op._call.
@@ -398,4 +403,4 @@ def _bind_arrays(*args, role: Role, kwargs: Kwargs):
     with jax.named_scope(role.op.name):
         outs = bind(args, role, kwargs)
     k = role.op.n_residuals  # f's last outputs are for its derivatives only
-    return outs[:len(outs) - k] if k else outs
+    return outs[: len(outs) - k] if k else outs

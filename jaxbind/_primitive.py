@@ -15,7 +15,15 @@ from ._autodiff import jaxbind_jvp, jaxbind_transpose
 from ._batching import jaxbind_batch
 from ._bind import PRIMITIVES, jaxbind_pinned_p
 from ._definition import Role
-from ._jax_compat import ad, apply_primitive, batching, hold_weakly_in_jax_caches, mlir, needs_devices_to_lower, register_replication_rules
+from ._jax_compat import (
+    ad,
+    apply_primitive,
+    batching,
+    hold_weakly_in_jax_caches,
+    mlir,
+    needs_devices_to_lower,
+    register_replication_rules,
+)
 from ._lowering import jaxbind_lowering
 
 __all__ = []

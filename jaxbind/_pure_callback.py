@@ -27,7 +27,8 @@ import sys
 import threading
 import types
 import weakref
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -36,8 +37,8 @@ from ._definition import CallbackKind, Family, JaxCallback, OpDef, OpKind, dtype
 from ._jax_compat import at_top_level, canonicalize_dtype, lru_cleared_with_jax_caches
 from ._kept_views import give_copies, own_copy
 from ._op import Op
-from ._vmap_methods import DOOR_PURE_CALLBACK, accepted, named
 from ._runtime import format_callback_error
+from ._vmap_methods import DOOR_PURE_CALLBACK, accepted, named
 
 __all__ = ["pure_callback"]
 
@@ -49,7 +50,7 @@ _UNKEPT = 3  # references to a view nobody kept: its tuple, the loop's name, get
 _lock = threading.Lock()
 # (what identifies the callback, structure, vmap method, sharding) -> its op's definition, while
 # something (a jaxpr, a compiled program, JAX's caches) holds that
-_definitions: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+_definitions: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _dtypes: dict = {}  # dtype name -> NumPy's own dtype object of that name (see _check_spec)
 
 
@@ -106,8 +107,9 @@ class _Runner(functools.partial):
         return self
 
     def __eq__(self, other):
-        return (self is other or (isinstance(other, _Runner) and _same(self.target, other.target)
-                                  and self.in_tree == other.in_tree))
+        return self is other or (
+            isinstance(other, _Runner) and _same(self.target, other.target) and self.in_tree == other.in_tree
+        )
 
     def __hash__(self):
         return self._hash
@@ -159,10 +161,12 @@ def _abstract(*args, result):
 def _make_definition(callback, in_tree, vmap_method, sharding) -> OpDef:
     name = _name_of(callback)
     runner = _Runner(_make_run(callback, in_tree, name), callback, in_tree)
-    family = Family(callbacks=(runner,), abstracts=(_abstract,), kinds=(CallbackKind.FORWARD,),
-                    labels=("forward",), linear=False)
-    runner.definition = OpDef(OpKind.NONLINEAR, name, (family,), 0, False, vmap_method,
-                              jax_callback=JaxCallback(sharding))
+    family = Family(
+        callbacks=(runner,), abstracts=(_abstract,), kinds=(CallbackKind.FORWARD,), labels=("forward",), linear=False
+    )
+    runner.definition = OpDef(
+        OpKind.NONLINEAR, name, (family,), 0, False, vmap_method, jax_callback=JaxCallback(sharding)
+    )
     return runner.definition
 
 
@@ -190,8 +194,12 @@ def _make_run(callback, in_tree, name):
                 _jax_log.exception("jax.pure_callback failed")
                 raise
             a = k = None
-            if (type(result) is np.ndarray and len(out) == 1 and result.shape == out[0].shape
-                    and result.dtype == out[0].dtype):
+            if (
+                type(result) is np.ndarray
+                and len(out) == 1
+                and result.shape == out[0].shape
+                and result.dtype == out[0].dtype
+            ):
                 copyto(out[0], result)  # the common case, checked without flattening
             else:
                 _write_results(name, out, result, leaves)
@@ -242,14 +250,14 @@ def _write_results(name, out, result, leaves):
     results = leaves(result)
     if len(results) != len(out):
         raise RuntimeError(
-            f"{name}: Mismatched number of outputs from callback. Expected: {len(out)}, "
-            f"Actual: {len(results)}")
+            f"{name}: Mismatched number of outputs from callback. Expected: {len(out)}, Actual: {len(results)}"
+        )
     for i, (o, r) in enumerate(zip(out, results)):
         r = np.asarray(r)
         if r.shape != o.shape:
             raise RuntimeError(
-                f"{name}: Incorrect output shape for return value #{i}: Expected: {o.shape}, "
-                f"Actual: {r.shape}")
+                f"{name}: Incorrect output shape for return value #{i}: Expected: {o.shape}, Actual: {r.shape}"
+            )
         if r.dtype != o.dtype:
             if o.dtype == np.bool_ and r.dtype == jax.dtypes.float0:  # a float0 output: no data
                 o[...] = False
@@ -257,7 +265,8 @@ def _write_results(name, out, result, leaves):
             if canonicalize_dtype(r.dtype) != o.dtype:
                 raise RuntimeError(
                     f"{name}: Incorrect output dtype for return value #{i}: Expected: {o.dtype}, "
-                    f"Actual: {canonicalize_dtype(r.dtype)}")
+                    f"Actual: {canonicalize_dtype(r.dtype)}"
+                )
         o[...] = r
 
 
@@ -278,10 +287,10 @@ def _check_spec(spec):
     except (AttributeError, TypeError) as err:
         raise TypeError(
             "jaxbind.pure_callback: each leaf of result_shape_dtypes needs .shape and .dtype "
-            f"(a jax.ShapeDtypeStruct or an array), got {spec!r:.100}") from err
+            f"(a jax.ShapeDtypeStruct or an array), got {spec!r:.100}"
+        ) from err
     if dtype != jax.dtypes.float0 and canonicalize_dtype(dtype) != dtype:
-        raise ValueError(
-            "result_shape_dtypes cannot specify 64-bit types when `jax_enable_x64` is disabled")
+        raise ValueError("result_shape_dtypes cannot specify 64-bit types when `jax_enable_x64` is disabled")
     name = dtype_name(dtype)
     own = _dtype_named(name)
     # An unpickled dtype is a new object equal to NumPy's, and JAX (which compares dtypes by
@@ -297,7 +306,8 @@ def _eager(callback, flat_args, in_tree, specs, out_tree):
     except RuntimeError as err:
         raise RuntimeError(
             "jaxbind.pure_callback found no local CPU device to place the inputs on: list "
-            "\"cpu\" in --jax_platforms or JAX_PLATFORMS.") from err
+            '"cpu" in --jax_platforms or JAX_PLATFORMS.'
+        ) from err
     name = _name_of(callback)
     args, kwargs = in_tree.unflatten(jax.device_put(list(flat_args), cpu))
     try:
@@ -312,14 +322,21 @@ def _eager(callback, flat_args, in_tree, specs, out_tree):
     except Exception as err:
         # (what the jitted call raises: the core formats a callback's exception the same way)
         raise jax.errors.JaxRuntimeError("INTERNAL: " + format_callback_error(f"op '{name}'", err)) from err
-    arrays = [np.zeros(o.shape, jax.dtypes.float0) if dtype == jax.dtypes.float0 else jax.device_put(o, cpu)
-              for o, (_, dtype, _) in zip(outs, specs)]
+    arrays = [
+        np.zeros(o.shape, jax.dtypes.float0) if dtype == jax.dtypes.float0 else jax.device_put(o, cpu)
+        for o, (_, dtype, _) in zip(outs, specs)
+    ]
     return out_tree.unflatten(arrays)
 
 
-def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args: Any,
-                  sharding: Optional[jax.sharding.Sharding] = None, vmap_method: Optional[str] = None,
-                  **kwargs: Any):
+def pure_callback(
+    callback: Callable[..., Any],
+    result_shape_dtypes: Any,
+    *args: Any,
+    sharding: jax.sharding.Sharding | None = None,
+    vmap_method: str | None = None,
+    **kwargs: Any,
+):
     """Call a pure Python function from JAX: :func:`jax.pure_callback`, run by jaxbind's core.
 
     The signature and semantics are :func:`jax.pure_callback`'s, so that
@@ -390,8 +407,10 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any, *args:
     True
     """
     if vmap_method not in accepted(DOOR_PURE_CALLBACK):  # (JAX's words, its typo included)
-        raise ValueError(f"vmap_method must be on of the allowed methods {list(accepted(DOOR_PURE_CALLBACK))}, "
-                         f"but got: {vmap_method}")
+        raise ValueError(
+            f"vmap_method must be on of the allowed methods {list(accepted(DOOR_PURE_CALLBACK))}, "
+            f"but got: {vmap_method}"
+        )
     if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
         raise TypeError(f"jaxbind.pure_callback: sharding must be a jax.sharding.Sharding, got {sharding!r:.100}")
     flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))

@@ -97,11 +97,13 @@ ASYNC_TARGET = "jaxbind_dispatch_async"  # concurrent native kernels, on XLA's t
 # Each target's instantiate stage runs once per compiled program, before its calls: it checks
 # that every call's site key and description belong together (_sites.check_program).
 jax.ffi.register_ffi_target(
-    TARGET, {"instantiate": _trampoline.instantiate_handler(), "execute": _trampoline.handler()},
-    platform="cpu")
+    TARGET, {"instantiate": _trampoline.instantiate_handler(), "execute": _trampoline.handler()}, platform="cpu"
+)
 jax.ffi.register_ffi_target(
-    ASYNC_TARGET, {"instantiate": _trampoline.instantiate_handler(), "execute": _trampoline.async_handler()},
-    platform="cpu")
+    ASYNC_TARGET,
+    {"instantiate": _trampoline.instantiate_handler(), "execute": _trampoline.async_handler()},
+    platform="cpu",
+)
 # XLA may split a call that carries `num_batch_dims` (see
 # _batch_types.WalkBatch.partitionable_levels); a call without it is never split.
 for _target in (TARGET, ASYNC_TARGET):

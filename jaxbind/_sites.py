@@ -69,7 +69,7 @@ __all__ = ["SCHEMA", "SiteHandle", "check_program", "register_definition", "reso
 SCHEMA = 1  # of the description; a program with another is refused, never guessed at
 
 _lock = threading.RLock()  # lowering (a Python thread) and resolve (XLA's) both register
-_live: "weakref.WeakValueDictionary[int, SiteHandle]" = weakref.WeakValueDictionary()
+_live: weakref.WeakValueDictionary[int, SiteHandle] = weakref.WeakValueDictionary()
 _names: dict = {}  # op name -> _Name
 # key -> the keyed digest of the description this process registered under it from its own
 # lowering. Its kwargs' bytes are this process's own exactly when a program's description has
@@ -148,7 +148,7 @@ def register_definition(definition: OpDef) -> None:
         return
     with _lock:
         name = _names.setdefault(definition.name, _Name())
-        for other, index in name.live():
+        for other, index in name.live():  # noqa: B007  (an equal op found: its index, read after the loop)
             if other == definition:
                 break
         else:
@@ -202,8 +202,7 @@ def _secret_digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8"), key=_SECRET, digest_size=16).digest()
 
 
-def describe(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: bool,
-             exported: bool = False):
+def describe(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: bool, exported: bool = False):
     """The description of a call (JSON text, deterministic) and its key.
 
     ``avals_in`` are the callback's inputs (not the validity operand).
@@ -248,7 +247,7 @@ def site_for(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: boo
     memo_key = (role, kwargs, batch, padded, avals_in, avals_out)
     handle = definition.site(memo_key)
     if handle is None:
-        callee_in = avals_in[:len(avals_in) - padded]
+        callee_in = avals_in[: len(avals_in) - padded]
         text, key = describe(role, kwargs, batch, callee_in, avals_out, padded)
         with _lock:
             handle = _live.get(key)
@@ -258,7 +257,8 @@ def site_for(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: boo
             elif handle.description != text:  # two descriptions, one digest: never run either
                 raise JaxbindError(
                     f"jaxbind {role.label}: its call site's key collides with another site's "
-                    "(a 2**-63 event); rename the op (name=...) to change its key.")
+                    "(a 2**-63 event); rename the op (name=...) to change its key."
+                )
         definition.keep_site(memo_key, handle)
     return handle
 
@@ -273,14 +273,14 @@ def _register(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded, ke
         entries = kernel_kwargs(kwargs.values, role.label, batch_axes, len(avals_in), can_batch, callback)
         address = callback.address_for(avals_in, avals_out, kwargs.values)
         dump = b""
-        serial = _trampoline.register_site(key, text, role.label, None, dump, *layout, address, entries,
-                                           valid_levels)
+        serial = _trampoline.register_site(key, text, role.label, None, dump, *layout, address, entries, valid_levels)
     else:
         dump = kwargs.with_values(batch_axes=batch_axes).dump if can_batch else kwargs.dump
         if isinstance(callback, StatefulCallback):  # called with the state for its leading inputs
             callback = callback.bind(setup_inputs(role, len(avals_in)), can_batch)
-        serial = _trampoline.register_site(key, text, role.label, callback, dump, *layout, 0, [],
-                                           valid_levels, role.op.thread_safe)
+        serial = _trampoline.register_site(
+            key, text, role.label, callback, dump, *layout, 0, [], valid_levels, role.op.thread_safe
+        )
     handle = SiteHandle(serial, key, text, callback, dump)
     _owners[serial] = weakref.ref(handle, functools.partial(_handle_gone, serial))
     _live[key] = handle
@@ -295,15 +295,17 @@ def check_exportable(role: Role) -> None:
             f"jaxbind.export: the program calls {name}, and serialization of host_callbacks is not "
             "yet implemented (jax.export refuses jax.pure_callback the same way): a serialized "
             "program names ops, which the process that loads it defines. Bind the function as an "
-            "op instead, jaxbind.get_nonlinear_call(f, None, abstract, None, name=\"...\") (f "
+            'op instead, jaxbind.get_nonlinear_call(f, None, abstract, None, name="...") (f '
             "writes its results into out; see the porting guide), and define that op by the same "
-            "name where the program is loaded.")
+            "name where the program is loaded."
+        )
     others = [d for d, _ in _definitions_named(name)]
     if len(others) > 1:
         raise ValueError(
             f"jaxbind op '{name}': this process defines {len(others)} different ops named "
             f"'{name}', and a serialized program names its ops by name: give them distinct "
-            "name=... (get_linear_call / get_nonlinear_call) before exporting.")
+            "name=... (get_linear_call / get_nonlinear_call) before exporting."
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -331,11 +333,12 @@ def check_program(key: int, text: str) -> None:
             f"jaxbind op '{name}': the program names call site {key:#x}, which in this process "
             f"belongs to {_owner_of(handle)} with another description: the program was altered "
             "(a site key copied into a call that describes something else) and is refused. "
-            "Export the program again (jaxbind.export) from where it was made.")
+            "Export the program again (jaxbind.export) from where it was made."
+        )
     if key_of(text) != key:
         raise JaxbindError(
-            f"jaxbind op '{name}': the program's call-site key does not match its description: "
-            "the program was altered.")
+            f"jaxbind op '{name}': the program's call-site key does not match its description: the program was altered."
+        )
 
 
 def _owner_of(handle: SiteHandle) -> str:
@@ -362,18 +365,22 @@ def resolve(key: int, text: str) -> None:
     label = f"op '{_shown(name)}'"
     if key_of(text) != key:
         raise JaxbindError(
-            f"jaxbind {label}: the program's call-site key does not match its description: "
-            "the program was altered.")
+            f"jaxbind {label}: the program's call-site key does not match its description: the program was altered."
+        )
     definition = _find_definition(name, description)
     structure = _structure(definition)
     if description.get("def") != structure:
         theirs = description.get("def")
         theirs = theirs if isinstance(theirs, dict) else {}
-        differs = ", ".join(f"{field} ({theirs.get(field)!r:.80} there, {structure[field]!r} here)"
-                            for field in structure if theirs.get(field) != structure[field])
+        differs = ", ".join(
+            f"{field} ({theirs.get(field)!r:.80} there, {structure[field]!r} here)"
+            for field in structure
+            if theirs.get(field) != structure[field]
+        )
         raise JaxbindError(
             f"jaxbind {label}: the program was made with a different op of this name: {differs}. "
-            "Define the op here as it was defined where the program was made.")
+            "Define the op here as it was defined where the program was made."
+        )
     role, batch, padded, avals_in, avals_out = _call_of(description, definition, label)
     try:
         dump = base64.b64decode(description["kwargs"], validate=True)
@@ -393,7 +400,8 @@ def resolve(key: int, text: str) -> None:
             except (TypeError, ValueError) as err:  # a layout the compiled core refuses
                 raise JaxbindError(
                     f"jaxbind {label}: the program's description of the call is not valid ({err}); "
-                    "was the program altered?") from None
+                    "was the program altered?"
+                ) from None
         definition.keep_resolved(key, handle, RESOLVED_KEPT)
 
 
@@ -403,8 +411,7 @@ def _call_of(description: dict, definition: OpDef, label: str):
         family, slot, n_fixed, in_sizes = description["role"]
         if not all(isinstance(v, int) for v in (family, slot, n_fixed, *in_sizes)):
             raise TypeError("the role's numbers are not integers")
-        if not (0 <= family < len(definition.families)
-                and 0 <= slot < len(definition.families[family].callbacks)):
+        if not (0 <= family < len(definition.families) and 0 <= slot < len(definition.families[family].callbacks)):
             raise ValueError("no such callback")
         role = Role(definition, family, slot, n_fixed, tuple(in_sizes))
         batch = batch_from_description(description["batch"])
@@ -417,8 +424,8 @@ def _call_of(description: dict, definition: OpDef, label: str):
         avals_out = tuple(jax.core.ShapedArray(tuple(s), _dtype_of(t)) for s, t in description["out"])
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
         raise JaxbindError(
-            f"jaxbind {label}: the program's description of the call is not valid ({err}); "
-            "was the program altered?") from None
+            f"jaxbind {label}: the program's description of the call is not valid ({err}); was the program altered?"
+        ) from None
     return role, batch, padded, avals_in, avals_out
 
 
@@ -430,7 +437,8 @@ def _read(text: str) -> dict:
     except (ValueError, RecursionError):
         raise JaxbindError(
             "jaxbind: the program names a jaxbind call site whose description is not readable: "
-            "the program was altered or made by an unknown tool.") from None
+            "the program was altered or made by an unknown tool."
+        ) from None
     name = description.get("op")
     if not isinstance(name, str) or not isinstance(description.get("kwargs"), str):
         raise JaxbindError("jaxbind: the program's description of a call names no op: was it altered?")
@@ -439,7 +447,8 @@ def _read(text: str) -> dict:
         raise JaxbindError(
             f"jaxbind op '{_shown(name)}': the program was made by a jaxbind whose call-site schema is "
             f"{schema!r:.40}; this jaxbind reads schema {SCHEMA}. Run it with the jaxbind version that "
-            "made it, or make (export) the program again with this one.")
+            "made it, or make (export) the program again with this one."
+        )
     return description
 
 
@@ -459,11 +468,13 @@ def _find_definition(name: str, description: dict) -> OpDef:
             f"define (now): define it (jaxbind.get_linear_call / get_nonlinear_call with "
             f"name='{shown}', as where the program was made) before calling the program. (An op "
             "made inside a function given to a temporary jax.jit can be gone before XLA runs the "
-            "program it queued: make ops once, outside the functions you jit.)")
+            "program it queued: make ops once, outside the functions you jit.)"
+        )
     raise JaxbindError(
         f"jaxbind op '{shown}': the program calls op '{shown}', and this process defines "
         f"{len(matches)} different ops of that name, so it cannot tell which: give them distinct "
-        "name=... values.")
+        "name=... values."
+    )
 
 
 _trampoline.set_resolver(resolve, check_program)

@@ -18,15 +18,22 @@ import collections
 import dataclasses
 import pickle
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from . import _trampoline
 from ._definition import JaxbindError, OpKind, _name_of
 
-__all__ = ["DEFAULT_SETUP_CACHE", "SetupError", "StateCache", "StatefulCallback", "setup_inputs", "state_cache",
-           "with_state"]
+__all__ = [
+    "DEFAULT_SETUP_CACHE",
+    "SetupError",
+    "StateCache",
+    "StatefulCallback",
+    "setup_inputs",
+    "state_cache",
+    "with_state",
+]
 
 # States an op keeps unless told otherwise: one input at a time needs one (the forward and its
 # derivatives share it); a vmapped gradient over B distinct inputs needs B (the forward walk makes
@@ -51,7 +58,7 @@ class StateCache:
     def __init__(self, setup: Callable, size: int, op_name: str):
         self.setup, self.size, self.op_name = setup, size, op_name
         self._lock = threading.Lock()
-        self._entries: "collections.OrderedDict[tuple, list]" = collections.OrderedDict()
+        self._entries: collections.OrderedDict[tuple, list] = collections.OrderedDict()
         self._count = 0
         self._making: dict = {}  # key -> (thread id, event): a setup running for that key
         self._kwargs: dict = {}  # (kwargs_dump, n, can_batch) -> (key bytes, kwargs for setup)
@@ -207,8 +214,10 @@ def setup_inputs(role, n_in: int) -> int:
 def with_state(families: tuple, setup, size: int, op_name: str) -> tuple:
     """The families of an op made with ``setup``: every callback wrapped, all sharing one cache."""
     cache = StateCache(setup, size, op_name)
-    return tuple(dataclasses.replace(family, callbacks=tuple(StatefulCallback(cb, cache) for cb in family.callbacks))
-                 for family in families)
+    return tuple(
+        dataclasses.replace(family, callbacks=tuple(StatefulCallback(cb, cache) for cb in family.callbacks))
+        for family in families
+    )
 
 
 def state_cache(definition):

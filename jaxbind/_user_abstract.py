@@ -29,17 +29,20 @@ def check_dtype(dtype, role: Role, what: str):
 
 
 def _bad_abstract(role: Role, result, why: str):
+    axis = " (and the output batch axis as a third entry when batching)" if role.op.func_can_batch else ""
     return TypeError(
         f"jaxbind {role.label}: its abstract function must return a tuple with one "
-        f"(shape, dtype) pair per output{' (and the output batch axis as a third entry when batching)' if role.op.func_can_batch else ''}; "
+        f"(shape, dtype) pair per output{axis}; "
         f"{why}. It returned {result!r:.200}."
     )
 
 
 def _looks_like_pair(result) -> bool:
     return (
-        isinstance(result, tuple) and len(result) == 2
-        and isinstance(result[0], tuple) and all(isinstance(d, (int, np.integer)) for d in result[0])
+        isinstance(result, tuple)
+        and len(result) == 2
+        and isinstance(result[0], tuple)
+        and all(isinstance(d, (int, np.integer)) for d in result[0])
         and not isinstance(result[1], (tuple, list))
     )
 
@@ -76,14 +79,20 @@ def _role_inputs(role: Role, n: int) -> str:
     if what is CallbackKind.JVP and k:
         return f"{n} array arguments (the primal(s) alone: with residuals, the tangents take the outputs' shapes)"
     if what is CallbackKind.JVP:
-        return (f"{n} array arguments (the {role.n_fixed} primal(s), then the tangents of the "
-                f"{n - role.n_fixed} differentiable argument(s))")
+        return (
+            f"{n} array arguments (the {role.n_fixed} primal(s), then the tangents of the "
+            f"{n - role.n_fixed} differentiable argument(s))"
+        )
     if what is CallbackKind.VJP:
-        return (f"{n} array arguments (the {role.n_fixed - k} primal(s), "
-                + (f"the {k} residual(s), " if k else "")
-                + f"then the {n - role.n_fixed} output cotangent(s))")
-    return (f"{n} array arguments (the {role.n_fixed} fixed argument(s), then the arrays of the "
-            "other slots, with the output cotangents in the outputs' place)")
+        return (
+            f"{n} array arguments (the {role.n_fixed - k} primal(s), "
+            + (f"the {k} residual(s), " if k else "")
+            + f"then the {n - role.n_fixed} output cotangent(s))"
+        )
+    return (
+        f"{n} array arguments (the {role.n_fixed} fixed argument(s), then the arrays of the "
+        "other slots, with the output cotangents in the outputs' place)"
+    )
 
 
 _abstract_error_types: dict = {}
@@ -126,24 +135,30 @@ def check_inplace_outputs(role: Role, structs, outs, batch_axes=None):
     for out, arg in role.inplace_pairs:
         where = f"jaxbind {role.label}: inplace maps output {out} to argument {arg}"
         if out >= len(outs):
-            raise ValueError(f"{where}, but its abstract declares {len(outs)} output(s) "
-                             "(residuals counted); map an output the op has.")
+            raise ValueError(
+                f"{where}, but its abstract declares {len(outs)} output(s) "
+                "(residuals counted); map an output the op has."
+            )
         if arg >= len(structs):
-            raise ValueError(f"{where}, but the op was called with {len(structs)} argument(s) "
-                             "(the fixed ones counted); map an argument the op is called with.")
+            raise ValueError(
+                f"{where}, but the op was called with {len(structs)} argument(s) "
+                "(the fixed ones counted); map an argument the op is called with."
+            )
         shape, dtype, axis = outs[out]
         given = structs[arg]
         if tuple(given.shape) != tuple(shape) or np.dtype(given.dtype) != np.dtype(dtype):
             raise ValueError(
                 f"{where}, but the output is {dtype_name(dtype)}{list(shape)} and the argument "
                 f"{dtype_name(given.dtype)}{list(given.shape)}: an output updated in place has its "
-                "argument's shape and dtype.")
+                "argument's shape and dtype."
+            )
         arg_axes = batch_axes[arg] if batch_axes is not None else None
         if axis is not None and arg_axes and arg_axes[-1] != axis:
             raise ValueError(
                 f"{where}, but under vmap the abstract puts the output's batch axis at {axis} and the "
                 f"argument's is at {arg_axes[-1]}: return the argument's batch axis for an output "
-                "updated in place.")
+                "updated in place."
+            )
 
 
 def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axis=False):
@@ -185,8 +200,9 @@ def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axi
         raise _bad_abstract(role, result, f"got a {type(result).__name__}")
     if not result:
         # XLA drops a pure call whose results nobody uses: the callback would never run.
-        raise _bad_abstract(role, result, "got no outputs; an op needs at least one (XLA skips "
-                                          "pure calls whose results are not used)")
+        raise _bad_abstract(
+            role, result, "got no outputs; an op needs at least one (XLA skips pure calls whose results are not used)"
+        )
     outs = []
     for k, entry in enumerate(result):
         if not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3):
@@ -200,8 +216,11 @@ def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axi
         except Exception:
             raise _bad_abstract(role, result, f"entry {k} has no valid shape and dtype") from None
         if not all(_is_dimension(d) for d in dims):
-            raise _bad_abstract(role, result, f"entry {k} has a shape whose dimensions are not all "
-                                              "integers (a float or a bool is not a dimension)")
+            raise _bad_abstract(
+                role,
+                result,
+                f"entry {k} has a shape whose dimensions are not all integers (a float or a bool is not a dimension)",
+            )
         shape = tuple(int(d) for d in dims)
         if any(d < 0 for d in shape):
             raise _bad_abstract(role, result, f"entry {k} has a negative dimension")
@@ -211,7 +230,8 @@ def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axi
         if want_axis:
             if not isinstance(axis, (int, np.integer)) or not -len(shape) <= axis < len(shape):
                 raise _bad_abstract(
-                    role, result,
+                    role,
+                    result,
                     f"entry {k} needs a valid output batch axis as its third element "
                     f"(the op has func_can_batch=True and is being batched)",
                 )
@@ -249,13 +269,18 @@ def check_input_dtypes(role: Role, avals):
         check_dtype(aval.dtype, role, f"argument {i}")
 
 
-
 # NumPy's words for a write of one shape into an array of another (written, target), and for a ufunc
 # whose operands do not broadcast (with out=, the output is the last of them).
 _NUMPY_WRITE = (
     (re.compile(r"could not broadcast input array from shape (\([\d, ]*\)) into shape (\([\d, ]*\))"), 1, 2),
-    (re.compile(r"non-broadcastable output operand with shape (\([\d, ]*\)) doesn't match the broadcast "
-                r"shape (\([\d, ]*\))"), 2, 1),
+    (
+        re.compile(
+            r"non-broadcastable output operand with shape (\([\d, ]*\)) doesn't match the broadcast "
+            r"shape (\([\d, ]*\))"
+        ),
+        2,
+        1,
+    ),
 )
 _NUMPY_OPERANDS = re.compile(r"operands could not be broadcast together with shapes ((?:\([\d, ]*\) ?)+)")
 
@@ -295,5 +320,6 @@ def output_shape_hint(exc: BaseException, outs):
     check = "check that the abstract declares the shape the callback computes"
     if surely:
         return f"(The callback wrote an array of shape {written} into {which}, {declared}: {check}.)"
-    return (f"(If the last of these arrays is {which}, {declared}, the callback computed shape {written} for it: "
-            f"{check}.)")
+    return (
+        f"(If the last of these arrays is {which}, {declared}, the callback computed shape {written} for it: {check}.)"
+    )

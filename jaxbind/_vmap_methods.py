@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Optional, Tuple
 
 __all__ = ["DOOR_OP", "DOOR_PURE_CALLBACK", "NO_METHOD", "Unmapped", "VmapMethod", "accepted", "method_of", "named"]
 
@@ -49,13 +48,16 @@ class VmapMethod:
 
 
 _BOTH = frozenset({DOOR_OP, DOOR_PURE_CALLBACK})
-_METHODS = {m.name: m for m in (
-    VmapMethod("sequential", walked=True, unmapped=Unmapped.AS_IS, doors=_BOTH),
-    VmapMethod("expand_dims", walked=False, unmapped=Unmapped.SIZE_ONE, doors=_BOTH),
-    VmapMethod("broadcast_all", walked=False, unmapped=Unmapped.BROADCAST, doors=_BOTH),
-    # the callback broadcasts unmapped inputs itself (jax.pure_callback's deprecated default)
-    VmapMethod("legacy_vectorized", walked=False, unmapped=Unmapped.AS_IS, doors=frozenset({DOOR_PURE_CALLBACK})),
-)}
+_METHODS = {
+    m.name: m
+    for m in (
+        VmapMethod("sequential", walked=True, unmapped=Unmapped.AS_IS, doors=_BOTH),
+        VmapMethod("expand_dims", walked=False, unmapped=Unmapped.SIZE_ONE, doors=_BOTH),
+        VmapMethod("broadcast_all", walked=False, unmapped=Unmapped.BROADCAST, doors=_BOTH),
+        # the callback broadcasts unmapped inputs itself (jax.pure_callback's deprecated default)
+        VmapMethod("legacy_vectorized", walked=False, unmapped=Unmapped.AS_IS, doors=frozenset({DOOR_PURE_CALLBACK})),
+    )
+}
 # Other names of a method: jax.pure_callback's "sequential_unrolled" (unrolling the loop changes
 # nothing a pure callback can see).
 _OTHER_NAMES = {"sequential_unrolled": ("sequential", DOOR_PURE_CALLBACK)}
@@ -63,7 +65,7 @@ _OTHER_NAMES = {"sequential_unrolled": ("sequential", DOOR_PURE_CALLBACK)}
 NO_METHOD = None
 
 
-def accepted(door: str) -> Tuple[Optional[str], ...]:
+def accepted(door: str) -> tuple[str | None, ...]:
     """The values a front door takes for ``vmap_method``, in the table's order (None: no method)."""
     names = [m.name for m in _METHODS.values() if door in m.doors]
     for other, (name, other_door) in _OTHER_NAMES.items():
@@ -72,7 +74,7 @@ def accepted(door: str) -> Tuple[Optional[str], ...]:
     return tuple(names) + ((NO_METHOD,) if door == DOOR_PURE_CALLBACK else ())
 
 
-def named(name: Optional[str], door: str) -> Optional[str]:
+def named(name: str | None, door: str) -> str | None:
     """The name an op keeps for a value a front door took (another name of a method gives the method's own).
 
     Raises ValueError, in the front door's words, for a value it does not take.
@@ -83,6 +85,6 @@ def named(name: Optional[str], door: str) -> Optional[str]:
     return _OTHER_NAMES.get(name, (name,))[0] if name is not None else None
 
 
-def method_of(name: Optional[str]) -> Optional[VmapMethod]:
+def method_of(name: str | None) -> VmapMethod | None:
     """The method an op's ``vmap_method`` names, or None (an op that cannot be vmapped)."""
     return _METHODS[name] if name is not None else None

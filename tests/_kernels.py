@@ -65,8 +65,9 @@ def build():
         try:
             done = subprocess.run(_command(partial), env=env, capture_output=True, text=True)
             if done.returncode != 0:
-                raise RuntimeError(f"compiling the test kernels failed: {' '.join(_command(partial))}\n"
-                                   f"{done.stdout}{done.stderr}")
+                raise RuntimeError(
+                    f"compiling the test kernels failed: {' '.join(_command(partial))}\n{done.stdout}{done.stderr}"
+                )
             os.replace(partial, path)  # atomic: processes compiling side by side agree
         finally:
             if os.path.exists(partial):

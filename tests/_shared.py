@@ -10,9 +10,7 @@ import pytest
 
 # The heavier tests (Hessians, nested transformations) run in one single and
 # one double precision dtype, one real and one complex, to keep the suite fast.
-two_dtypes = pytest.mark.parametrize(
-    "dtype", [np.dtype(np.float32), np.dtype(np.complex128)], ids=lambda d: d.name
-)
+two_dtypes = pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.complex128)], ids=lambda d: d.name)
 
 # The calls that the callbacks of a test module record, for the test to count or inspect; the ``calls``
 # fixture (conftest.py) empties it before and after each test of a module that uses it.
@@ -67,8 +65,7 @@ def shard_map(f, *, mesh, in_specs, out_specs, axis_names=None, check_vma=True):
     from jax.experimental.shard_map import shard_map as experimental_shard_map
 
     auto = frozenset() if axis_names is None else frozenset(mesh.axis_names) - frozenset(axis_names)
-    return experimental_shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=check_vma,
-                                  auto=auto)
+    return experimental_shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=check_vma, auto=auto)
 
 
 @contextlib.contextmanager

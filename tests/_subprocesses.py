@@ -60,16 +60,21 @@ def communicate_all(processes, timeout, what):
                 _abort(process)
             for k, process in enumerate(processes):
                 out, err = outputs[k] if k < len(outputs) else _rest_of(process)
-                report.append(f"--- {what}, process {k} (exit status {process.returncode}), stdout:\n"
-                              f"{(out or '')[-3000:]}\n--- its stderr:\n{(err or '')[-10000:]}")
+                report.append(
+                    f"--- {what}, process {k} (exit status {process.returncode}), stdout:\n"
+                    f"{(out or '')[-3000:]}\n--- its stderr:\n{(err or '')[-10000:]}"
+                )
     finally:
         for process in processes:  # on any other exception too: none is left behind
             if process.poll() is None:
                 process.kill()
                 process.communicate()
     if report:
-        pytest.fail(f"{what}: still running after {timeout:.0f} s, stopped (SIGABRT, then SIGKILL)."
-                    " Their output so far:\n" + "\n".join(report), pytrace=False)
+        pytest.fail(
+            f"{what}: still running after {timeout:.0f} s, stopped (SIGABRT, then SIGKILL)."
+            " Their output so far:\n" + "\n".join(report),
+            pytrace=False,
+        )
     return outputs
 
 

@@ -6,12 +6,11 @@ in double precision (JAX would otherwise silently downcast to 32 bit).
 
 import functools
 
+import _kernels
 import jax
 import jax.test_util
 import numpy as np
 import pytest
-
-import _kernels
 from _shared import CALLS
 
 jax.config.update("jax_enable_x64", True)

@@ -12,12 +12,12 @@ the same function, so one reference serves them all:
 """
 
 import dataclasses
-from typing import Callable, Dict, Tuple
+from collections.abc import Callable
 
+import _kernels
 import jax.numpy as jnp
 import numpy as np
 
-import _kernels
 import jaxbind
 
 LIB = _kernels.load()
@@ -48,13 +48,13 @@ class Entry:
     """
 
     name: str
-    ops: Dict[str, object]
+    ops: dict[str, object]
     reference: Callable
-    shapes: Tuple[tuple, ...]
-    dtypes: Tuple[np.dtype, ...]
-    argnums: Tuple[int, ...]
+    shapes: tuple[tuple, ...]
+    dtypes: tuple[np.dtype, ...]
+    argnums: tuple[int, ...]
     linear: bool
-    kwargs: Dict[str, object] = dataclasses.field(default_factory=dict)
+    kwargs: dict[str, object] = dataclasses.field(default_factory=dict)
     n_float_outputs: int = 1
 
     def apply(self, kind, *args):
@@ -74,9 +74,15 @@ def scale_py(out, args, kwargs_dump):
 
 SCALE = Entry(
     "scale",
-    {"python": jaxbind.get_linear_call(scale_py, scale_py, like_last, like_last),
-     "native": jaxbind.get_linear_call(LIB.jb_scale, LIB.jb_scale, like_last, like_last)},
-    reference=lambda x: (FACTOR * x,), shapes=((3, 4),), dtypes=FLOATS, argnums=(0,), linear=True,
+    {
+        "python": jaxbind.get_linear_call(scale_py, scale_py, like_last, like_last),
+        "native": jaxbind.get_linear_call(LIB.jb_scale, LIB.jb_scale, like_last, like_last),
+    },
+    reference=lambda x: (FACTOR * x,),
+    shapes=((3, 4),),
+    dtypes=FLOATS,
+    argnums=(0,),
+    linear=True,
     kwargs={"factor": FACTOR},
 )
 
@@ -91,19 +97,30 @@ def multiply_py(out, args, kwargs_dump):  # f and each transpose: (other factor,
 
 FIXED = Entry(
     "fixed",
-    {"python": jaxbind.get_linear_call(multiply_py, multiply_py, like_last, like_last, first_n_args_fixed=1),
-     "native": jaxbind.get_linear_call(LIB.jb_multiply, LIB.jb_multiply, like_last, like_last,
-                                       first_n_args_fixed=1)},
-    reference=lambda w, x: (w * x,), shapes=((3, 4), (3, 4)), dtypes=TWO, argnums=(1,), linear=True,
+    {
+        "python": jaxbind.get_linear_call(multiply_py, multiply_py, like_last, like_last, first_n_args_fixed=1),
+        "native": jaxbind.get_linear_call(LIB.jb_multiply, LIB.jb_multiply, like_last, like_last, first_n_args_fixed=1),
+    },
+    reference=lambda w, x: (w * x,),
+    shapes=((3, 4), (3, 4)),
+    dtypes=TWO,
+    argnums=(1,),
+    linear=True,
 )
 
 MULTILINEAR = Entry(
     "multilinear",
-    {"python": jaxbind.get_linear_call(multiply_py, (multiply_py, multiply_py), like_last,
-                                       (like_last, like_last)),
-     "native": jaxbind.get_linear_call(LIB.jb_multiply, (LIB.jb_multiply, LIB.jb_multiply), like_last,
-                                       (like_last, like_last))},
-    reference=lambda w, x: (w * x,), shapes=((3, 4), (3, 4)), dtypes=TWO, argnums=(0, 1), linear=True,
+    {
+        "python": jaxbind.get_linear_call(multiply_py, (multiply_py, multiply_py), like_last, (like_last, like_last)),
+        "native": jaxbind.get_linear_call(
+            LIB.jb_multiply, (LIB.jb_multiply, LIB.jb_multiply), like_last, (like_last, like_last)
+        ),
+    },
+    reference=lambda w, x: (w * x,),
+    shapes=((3, 4), (3, 4)),
+    dtypes=TWO,
+    argnums=(0, 1),
+    linear=True,
 )
 
 # ---------------------------------------------------------------------------
@@ -131,11 +148,19 @@ def triple_and_sum_T_abstract(ct_y, ct_s, **kwargs):
 
 TWO_OUTPUTS = Entry(
     "two_outputs",
-    {"python": jaxbind.get_linear_call(triple_and_sum_py, triple_and_sum_T_py, triple_and_sum_abstract,
-                                       triple_and_sum_T_abstract),
-     "native": jaxbind.get_linear_call(LIB.jb_triple_and_sum, LIB.jb_triple_and_sum_T,
-                                       triple_and_sum_abstract, triple_and_sum_T_abstract)},
-    reference=lambda x: (3 * x, jnp.sum(x)), shapes=((3, 4),), dtypes=F64, argnums=(0,), linear=True,
+    {
+        "python": jaxbind.get_linear_call(
+            triple_and_sum_py, triple_and_sum_T_py, triple_and_sum_abstract, triple_and_sum_T_abstract
+        ),
+        "native": jaxbind.get_linear_call(
+            LIB.jb_triple_and_sum, LIB.jb_triple_and_sum_T, triple_and_sum_abstract, triple_and_sum_T_abstract
+        ),
+    },
+    reference=lambda x: (3 * x, jnp.sum(x)),
+    shapes=((3, 4),),
+    dtypes=F64,
+    argnums=(0,),
+    linear=True,
     n_float_outputs=2,
 )
 
@@ -159,12 +184,18 @@ def _xsin(f, jvp, vjp):
 
 NONLINEAR = Entry(
     "nonlinear",
-    {"python": _xsin(xsin_py, xsin_derivative_py, xsin_derivative_py),
-     "native": _xsin(LIB.jb_xsin, LIB.jb_xsin_derivative, LIB.jb_xsin_derivative),
-     "native_f_python_derivatives": _xsin(LIB.jb_xsin, xsin_derivative_py, xsin_derivative_py),
-     "python_f_native_derivatives": _xsin(xsin_py, LIB.jb_xsin_derivative, LIB.jb_xsin_derivative),
-     "native_jvp_python_vjp": _xsin(LIB.jb_xsin, LIB.jb_xsin_derivative, xsin_derivative_py)},
-    reference=lambda x: (x * jnp.sin(x),), shapes=((3, 4),), dtypes=F64, argnums=(0,), linear=False,
+    {
+        "python": _xsin(xsin_py, xsin_derivative_py, xsin_derivative_py),
+        "native": _xsin(LIB.jb_xsin, LIB.jb_xsin_derivative, LIB.jb_xsin_derivative),
+        "native_f_python_derivatives": _xsin(LIB.jb_xsin, xsin_derivative_py, xsin_derivative_py),
+        "python_f_native_derivatives": _xsin(xsin_py, LIB.jb_xsin_derivative, LIB.jb_xsin_derivative),
+        "native_jvp_python_vjp": _xsin(LIB.jb_xsin, LIB.jb_xsin_derivative, xsin_derivative_py),
+    },
+    reference=lambda x: (x * jnp.sin(x),),
+    shapes=((3, 4),),
+    dtypes=F64,
+    argnums=(0,),
+    linear=False,
 )
 
 # ---------------------------------------------------------------------------
@@ -205,7 +236,11 @@ def _batched(f, abstract=batched_scale_abstract, abstract_T=batched_scale_abstra
 FUNC_CAN_BATCH = Entry(
     "func_can_batch",
     {"python": _batched(batched_scale_py), "native": _batched(LIB.jb_batched_scale)},
-    reference=lambda x: (FACTOR * x,), shapes=((3, 4),), dtypes=F64, argnums=(0,), linear=True,
+    reference=lambda x: (FACTOR * x,),
+    shapes=((3, 4),),
+    dtypes=F64,
+    argnums=(0,),
+    linear=True,
     kwargs={"factor": FACTOR},
 )
 
@@ -223,10 +258,17 @@ def cases(linear_only=False, reduced=False):
 
     ``reduced``: for the slower compositions, one single and one double precision dtype
     (of those an entry has)."""
+
     def dtypes(e):
         return [d for d in e.dtypes if d in TWO] or e.dtypes if reduced else e.dtypes
-    return [(e.name, kind, dtype) for e in ENTRIES.values() if e.linear or not linear_only
-            for kind in e.ops for dtype in dtypes(e)]
+
+    return [
+        (e.name, kind, dtype)
+        for e in ENTRIES.values()
+        if e.linear or not linear_only
+        for kind in e.ops
+        for dtype in dtypes(e)
+    ]
 
 
 def case_id(case):

@@ -41,8 +41,7 @@ def record(path) -> bool:
     started = time.perf_counter()
     # From the repository root, as CI runs the demos: the script's own folder (demos/) is on
     # sys.path, the root is not, so `import jaxbind` finds the installed package.
-    result = subprocess.run([sys.executable, os.path.relpath(path, ROOT)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    result = subprocess.run([sys.executable, os.path.relpath(path, ROOT)], cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     # Paths a demo prints are shown relative to the repository root: the recorded text must
     # not depend on where the repository sits on the machine that recorded it.

@@ -10,28 +10,58 @@ from __future__ import annotations
 
 import ctypes
 
-__all__ = ["ARRAY", "ARRAY_WORDS", "CALL", "CALL_WORDS", "KWARG", "KWARG_WORDS", "Array", "Call", "Kwarg", "call_signature",
-           "write_error"]
+__all__ = [
+    "ARRAY",
+    "ARRAY_WORDS",
+    "CALL",
+    "CALL_WORDS",
+    "KWARG",
+    "KWARG_WORDS",
+    "Array",
+    "Call",
+    "Kwarg",
+    "call_signature",
+    "write_error",
+]
 
 
 class Array(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("shape", ctypes.c_void_p), ("rank", ctypes.c_int64),
-                ("dtype", ctypes.c_int64)]
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("shape", ctypes.c_void_p),
+        ("rank", ctypes.c_int64),
+        ("dtype", ctypes.c_int64),
+    ]
 
 
 class Kwarg(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_void_p), ("type", ctypes.c_int64), ("size", ctypes.c_int64),
-                ("int_value", ctypes.c_int64), ("float_value", ctypes.c_double),
-                ("string_value", ctypes.c_void_p), ("int_array", ctypes.c_void_p),
-                ("float_array", ctypes.c_void_p)]
+    _fields_ = [
+        ("name", ctypes.c_void_p),
+        ("type", ctypes.c_int64),
+        ("size", ctypes.c_int64),
+        ("int_value", ctypes.c_int64),
+        ("float_value", ctypes.c_double),
+        ("string_value", ctypes.c_void_p),
+        ("int_array", ctypes.c_void_p),
+        ("float_array", ctypes.c_void_p),
+    ]
 
 
 class Call(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_int64), ("abi_version", ctypes.c_int64), ("n_out", ctypes.c_int64),
-                ("out", ctypes.c_void_p), ("n_in", ctypes.c_int64), ("in_", ctypes.c_void_p),
-                ("n_kwargs", ctypes.c_int64), ("kwargs", ctypes.c_void_p), ("error", ctypes.c_void_p),
-                ("error_size", ctypes.c_int64), ("kwarg_error", ctypes.c_void_p),
-                ("kwarg_error_size", ctypes.c_int64)]
+    _fields_ = [
+        ("struct_size", ctypes.c_int64),
+        ("abi_version", ctypes.c_int64),
+        ("n_out", ctypes.c_int64),
+        ("out", ctypes.c_void_p),
+        ("n_in", ctypes.c_int64),
+        ("in_", ctypes.c_void_p),
+        ("n_kwargs", ctypes.c_int64),
+        ("kwargs", ctypes.c_void_p),
+        ("error", ctypes.c_void_p),
+        ("error_size", ctypes.c_int64),
+        ("kwarg_error", ctypes.c_void_p),
+        ("kwarg_error_size", ctypes.c_int64),
+    ]
 
 
 def _words(struct) -> dict:
@@ -50,8 +80,11 @@ def call_signature(call_address: int):
     ins = (Array * call.n_in).from_address(call.in_) if call.n_in else ()
     outs = (Array * call.n_out).from_address(call.out) if call.n_out else ()
     kwargs = (Kwarg * call.n_kwargs).from_address(call.kwargs) if call.n_kwargs else ()
-    return (tuple((a.dtype, a.rank) for a in ins), tuple((a.dtype, a.rank) for a in outs),
-            tuple((ctypes.string_at(k.name).decode("utf-8", "replace"), k.type) for k in kwargs))
+    return (
+        tuple((a.dtype, a.rank) for a in ins),
+        tuple((a.dtype, a.rank) for a in outs),
+        tuple((ctypes.string_at(k.name).decode("utf-8", "replace"), k.type) for k in kwargs),
+    )
 
 
 def write_error(call_address: int, text: str) -> None:

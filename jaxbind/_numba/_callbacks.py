@@ -22,8 +22,8 @@ from ._call_struct import write_error
 __all__ = ["ENTRIES", "EXITING", "HOOK_ADDRESS", "REPORTS", "new_entry_id", "new_variant_id", "report"]
 
 EXITING = np.zeros(1, np.int64)  # set at exit: the compiled code then calls no Python
-ENTRIES: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()  # entry id -> Entry
-REPORTS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()  # variant id -> Variant
+ENTRIES: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()  # entry id -> Entry
+REPORTS: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()  # variant id -> Variant
 new_entry_id = itertools.count(1).__next__
 new_variant_id = itertools.count(1).__next__
 

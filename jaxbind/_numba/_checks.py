@@ -5,36 +5,47 @@ from __future__ import annotations
 
 import functools
 import keyword
-from typing import Optional
 
 import numpy as np
 
 from .. import _trampoline
 from .._kwargs import KW_BOOL, KW_FLOAT, KW_FLOAT_ARRAY, KW_INT, KW_INT_ARRAY, KW_STRING
 
-__all__ = ["INSTALL_HINT", "KWARG_KINDS", "NUMPY_DTYPES", "check_dtype", "is_dispatcher", "kwarg_signature",
-           "numba_or_raise", "object_mode_refusal"]
+__all__ = [
+    "INSTALL_HINT",
+    "KWARG_KINDS",
+    "NUMPY_DTYPES",
+    "check_dtype",
+    "is_dispatcher",
+    "kwarg_signature",
+    "numba_or_raise",
+    "object_mode_refusal",
+]
 
 INSTALL_HINT = "pip install 'jaxbind-ffi[numba]'"
 
 # kwarg type code -> the type of the kernel's kwargs field (for messages)
-KWARG_KINDS = {KW_INT: "int64", KW_FLOAT: "float64", KW_BOOL: "bool", KW_INT_ARRAY: "int64[::1]",
-               KW_FLOAT_ARRAY: "float64[::1]"}
+KWARG_KINDS = {
+    KW_INT: "int64",
+    KW_FLOAT: "float64",
+    KW_BOOL: "bool",
+    KW_INT_ARRAY: "int64[::1]",
+    KW_FLOAT_ARRAY: "float64[::1]",
+}
 
 
 @functools.lru_cache(None)
 def numba_or_raise():
     try:
-        import numba  # noqa: F401
+        import numba
     except ImportError as err:
-        raise ImportError(
-            f"jaxbind.numba_kernel needs numba, which is not installed: {INSTALL_HINT}"
-        ) from err
+        raise ImportError(f"jaxbind.numba_kernel needs numba, which is not installed: {INSTALL_HINT}") from err
     return numba
 
 
 def is_dispatcher(fn) -> bool:
     from numba.core.registry import CPUDispatcher
+
     return isinstance(fn, CPUDispatcher)
 
 
@@ -49,7 +60,7 @@ def object_mode_refusal(py_func) -> str:
     )
 
 
-def check_dtype(dtype, what: str, code: Optional[int] = None) -> np.dtype:
+def check_dtype(dtype, what: str, code: int | None = None) -> np.dtype:
     """``dtype`` if numba takes it (None: the dtype of the code ``code``, which NumPy lacks)."""
     numba = numba_or_raise()
     try:

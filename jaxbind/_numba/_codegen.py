@@ -64,6 +64,7 @@ def _pointer_intrinsics() -> dict:
     @intrinsic
     def _call_kernel(typingctx, address, call):
         """int kernel(const jaxbind_call*) at ``address``."""
+
         def codegen(context, builder, signature, args):
             fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(8).as_pointer()])
             return builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [args[1]])
@@ -73,6 +74,7 @@ def _pointer_intrinsics() -> dict:
     @intrinsic
     def _call_hook(typingctx, address, entry_id, call):
         """int64 hook(int64 entry_id, const jaxbind_call*) at ``address`` (a ctypes callback)."""
+
         def codegen(context, builder, signature, args):
             fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(64), ir.IntType(8).as_pointer()])
             return builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [args[1], args[2]])
@@ -187,7 +189,8 @@ def _emit_guarded_call(context, builder, llargs, symbol, restype, fn_argtypes, v
     from numba.core import cgutils
 
     callee = cgutils.get_or_insert_function(
-        builder.module, context.call_conv.get_function_type(restype, fn_argtypes), symbol)
+        builder.module, context.call_conv.get_function_type(restype, fn_argtypes), symbol
+    )
     status, _ = context.call_conv.call_function(builder, callee, restype, fn_argtypes, llargs[1:])
     i64, i32 = ir.IntType(64), ir.IntType(32)
     result = cgutils.alloca_once_value(builder, ir.Constant(i32, 0))
@@ -244,9 +247,9 @@ def _entry_source(exiting: str) -> str:
     return f"""
 def entry(call, table, entry_id):
     c = carray(call, {CALL_WORDS}, np.int64)
-    n_in, n_out, n_kwargs = c[{CALL['n_in']}], c[{CALL['n_out']}], c[{CALL['n_kwargs']}]
-    i = carray(_ptr(c[{CALL['in_']}]), {ARRAY_WORDS} * n_in, np.int64)
-    o = carray(_ptr(c[{CALL['out']}]), {ARRAY_WORDS} * n_out, np.int64)
+    n_in, n_out, n_kwargs = c[{CALL["n_in"]}], c[{CALL["n_out"]}], c[{CALL["n_kwargs"]}]
+    i = carray(_ptr(c[{CALL["in_"]}]), {ARRAY_WORDS} * n_in, np.int64)
+    o = carray(_ptr(c[{CALL["out"]}]), {ARRAY_WORDS} * n_out, np.int64)
     t = carray(_ptr(table), {TABLE_WORDS}, np.int64)
     p = 0
     while p + 4 <= {TABLE_WORDS}:
@@ -258,7 +261,7 @@ def entry(call, table, entry_id):
             for k in range(n_in + n_out):
                 d = i if k < n_in else o
                 q = {ARRAY_WORDS} * (k if k < n_in else k - n_in)
-                if t[p + 3 + 2 * k] != d[q + {ARRAY['dtype']}] or t[p + 4 + 2 * k] != d[q + {ARRAY['rank']}]:
+                if t[p + 3 + 2 * k] != d[q + {ARRAY["dtype"]}] or t[p + 4 + 2 * k] != d[q + {ARRAY["rank"]}]:
                     same = False
                     break
             if same:

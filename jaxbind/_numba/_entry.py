@@ -47,7 +47,7 @@ class Entry:
         row.append(variant.address)
         with self.program.lock:
             if self.id not in variant.in_tables and self.used + len(row) <= TABLE_WORDS:
-                self.table[self.used + 1:self.used + len(row)] = row[1:]
+                self.table[self.used + 1 : self.used + len(row)] = row[1:]
                 self.table[self.used] = row[0]  # last: a reader sees -1 or a whole row
                 self.used += len(row)
                 variant.in_tables.add(self.id)

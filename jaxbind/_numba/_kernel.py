@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 from .._kwargs import native_kwarg_entry
 from .._native import NativeKernel, _declare
@@ -14,7 +13,7 @@ from ._program import Program
 __all__ = ["NumbaKernel", "numba_kernel"]
 
 
-def numba_kernel(fn=None, *, name: Optional[str] = None, concurrent: bool = False, kwargs=None):
+def numba_kernel(fn=None, *, name: str | None = None, concurrent: bool = False, kwargs=None):
     """A jaxbind native kernel written in Python with numba's nopython subset.
 
     ``fn(out, args, kwargs)`` writes every array of the tuple ``out`` from the
@@ -148,8 +147,7 @@ class NumbaKernel(NativeKernel):
     _kind = "numba kernel"
     _fields = True
 
-    def __init__(self, fn, name: Optional[str] = None, concurrent: bool = False, keepalive=None,
-                 kwargs=None):
+    def __init__(self, fn, name: str | None = None, concurrent: bool = False, keepalive=None, kwargs=None):
         self.address = 0
         self.__name__ = name or getattr(fn, "__name__", None) or type(fn).__name__
         self.concurrent = bool(concurrent)
@@ -162,8 +160,13 @@ class NumbaKernel(NativeKernel):
         return ("numba", self.fn, self.__name__, self.concurrent, self.declared)
 
     def _with(self, name, concurrent, keepalive, kwargs=None):
-        return NumbaKernel(self.fn, name or self.__name__, concurrent, (self._keepalive, keepalive),
-                           self.declared if kwargs is None else kwargs)
+        return NumbaKernel(
+            self.fn,
+            name or self.__name__,
+            concurrent,
+            (self._keepalive, keepalive),
+            self.declared if kwargs is None else kwargs,
+        )
 
     def address_for(self, in_avals, out_avals, kwargs: dict) -> int:
         label = f"numba kernel '{self.__name__}'"
@@ -176,5 +179,6 @@ class NumbaKernel(NativeKernel):
     def __repr__(self):
         mode = ", concurrent" if self.concurrent else ""
         declared = "" if self.declared is None else f", kwargs={self.declared!r}"
-        return (f"<jaxbind numba kernel {self.__name__!r} of {getattr(self.fn, '__qualname__', self.fn)!r}"
-                f"{mode}{declared}>")
+        return (
+            f"<jaxbind numba kernel {self.__name__!r} of {getattr(self.fn, '__qualname__', self.fn)!r}{mode}{declared}>"
+        )

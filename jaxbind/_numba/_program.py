@@ -18,11 +18,11 @@ class Program:
 
     # Kernels of the same function share it; it lives as long as a kernel (and so a call site)
     # holds it, and its function with it (a closure's captured arrays too).
-    _by_fn: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+    _by_fn: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
     _lock = threading.Lock()
 
     @classmethod
-    def of(cls, fn) -> "Program":
+    def of(cls, fn) -> Program:
         with cls._lock:
             program = cls._by_fn.get(fn)
             if program is None:

@@ -30,17 +30,22 @@ class Variant:
         self.fn_name = program.fn_name
         dtypes = _numpy_dtypes(in_sig + out_sig, n_in, where)
         ranks = [rank for _, rank in in_sig + out_sig]
-        self.description = ", ".join(f"{_argument_label(k, n_in)}: {dtypes[k].name}[{ranks[k]}d]"
-                                     for k in range(len(ranks)))
+        self.description = ", ".join(
+            f"{_argument_label(k, n_in)}: {dtypes[k].name}[{ranks[k]}d]" for k in range(len(ranks))
+        )
         self.in_tables = set()  # ids of the entries whose table has this variant
         _check_kwarg_types(kwargs, where)
         self.id = new_variant_id()
         self._texts = []  # the messages and names the compiled code reads by address
-        mismatch = text_source(f"{where}: the call does not match the signature it was compiled for "
-                               f"({self.description}); a jaxbind bug", self._texts)
+        mismatch = text_source(
+            f"{where}: the call does not match the signature it was compiled for ({self.description}); a jaxbind bug",
+            self._texts,
+        )
         exiting = text_source(f"{where} raised an exception while Python was exiting", self._texts)
-        namespace = {"guarded": guard(program.dispatcher, self.id),
-                     "KW": collections.namedtuple("kwargs", [n for n, _ in kwargs])}
+        namespace = {
+            "guarded": guard(program.dispatcher, self.id),
+            "KW": collections.namedtuple("kwargs", [n for n, _ in kwargs]),
+        }
         source = _variant_source(dtypes, ranks, n_in, kwargs, mismatch, exiting, namespace, self._texts)
         # fn first, on its own, for numba's own message when it does not compile (the guard
         # compiles it for the same types again, which finds this compiled version)
@@ -65,16 +70,17 @@ def _argument_label(k: int, n_in: int) -> str:
 
 def _numpy_dtypes(signature: tuple, n_in: int, where: str) -> list:
     """The NumPy dtype of each ``(dtype code, rank)`` of the inputs then outputs; refuses one numba cannot take."""
-    return [check_dtype(NUMPY_DTYPES.get(code), f"{where}: {_argument_label(k, n_in)}", code)
-            for k, (code, _) in enumerate(signature)]
+    return [
+        check_dtype(NUMPY_DTYPES.get(code), f"{where}: {_argument_label(k, n_in)}", code)
+        for k, (code, _) in enumerate(signature)
+    ]
 
 
 def _check_kwarg_types(kwargs: tuple, where: str) -> None:
     """Refuses a kwarg type code, as the call gives it, that a numba kernel cannot take."""
     for name, code in kwargs:
         if code not in KWARG_KINDS:
-            raise TypeError(f"{where}: keyword argument '{name}' has a type a numba kernel cannot take "
-                            f"(code {code})")
+            raise TypeError(f"{where}: keyword argument '{name}' has a type a numba kernel cannot take (code {code})")
 
 
 def _variant_source(dtypes, ranks, n_in, kwargs, mismatch, exiting, namespace, texts) -> str:
@@ -84,29 +90,47 @@ def _variant_source(dtypes, ranks, n_in, kwargs, mismatch, exiting, namespace, t
     sources of its two messages, ``texts`` keeps the kwarg names it reads by address.
     """
     n_out = len(ranks) - n_in
-    checks = [f"c[{CALL['n_in']}] != {n_in}", f"c[{CALL['n_out']}] != {n_out}",
-              f"c[{CALL['n_kwargs']}] != {len(kwargs)}"]
+    checks = [
+        f"c[{CALL['n_in']}] != {n_in}",
+        f"c[{CALL['n_out']}] != {n_out}",
+        f"c[{CALL['n_kwargs']}] != {len(kwargs)}",
+    ]
     array_lines, arrays = _array_lines(dtypes, ranks, n_in, namespace)
     kwarg_lines, values = _kwarg_lines(kwargs, mismatch, texts)
-    tuple_of = lambda names: "(" + "".join(f"{n}, " for n in names) + ")"  # noqa: E731
-    return "\n".join(
-        ["def variant(call):",
-         f"    c = carray(call, {CALL_WORDS}, np.int64)",
-         f"    if {checks[0]} or {checks[1]} or {checks[2]}:",
-         f"        return _fail(c, {mismatch})"]
-        + array_lines + kwarg_lines  # (the entry checked the dtypes and ranks: it found this variant by them)
-        + [f"    status = guarded(call, {tuple_of(arrays['o'])}, {tuple_of(arrays['i'])}, KW({', '.join(values)}))",
-           "    if status == 2:",
-           f"        return _fail(c, {exiting})",
-           "    return status"]) + "\n"
+
+    def tuple_of(names):
+        return "(" + "".join(f"{n}, " for n in names) + ")"
+
+    return (
+        "\n".join(
+            [
+                "def variant(call):",
+                f"    c = carray(call, {CALL_WORDS}, np.int64)",
+                f"    if {checks[0]} or {checks[1]} or {checks[2]}:",
+                f"        return _fail(c, {mismatch})",
+            ]
+            + array_lines
+            + kwarg_lines  # (the entry checked the dtypes and ranks: it found this variant by them)
+            + [
+                f"    status = guarded(call, {tuple_of(arrays['o'])}, {tuple_of(arrays['i'])}, "
+                f"KW({', '.join(values)}))",
+                "    if status == 2:",
+                f"        return _fail(c, {exiting})",
+                "    return status",
+            ]
+        )
+        + "\n"
+    )
 
 
 def _array_lines(dtypes, ranks, n_in, namespace) -> tuple:
     """The source lines that make each input and output array from the call (named ``i0``, ``o0``, ...),
     and those names by side; adds each array's dtype (``D_i0``, ...) to ``namespace``."""
     n_out = len(ranks) - n_in
-    lines = [f"    i = carray(_ptr(c[{CALL['in_']}]), {ARRAY_WORDS * n_in}, np.int64)",
-             f"    o = carray(_ptr(c[{CALL['out']}]), {ARRAY_WORDS * n_out}, np.int64)"]
+    lines = [
+        f"    i = carray(_ptr(c[{CALL['in_']}]), {ARRAY_WORDS * n_in}, np.int64)",
+        f"    o = carray(_ptr(c[{CALL['out']}]), {ARRAY_WORDS * n_out}, np.int64)",
+    ]
     arrays = {"i": [], "o": []}
     for k in range(n_in + n_out):
         side, index = ("i", k) if k < n_in else ("o", k - n_in)
@@ -128,14 +152,18 @@ def _kwarg_lines(kwargs, mismatch, texts) -> tuple:
     and those names; ``texts`` keeps the names the lines read by address."""
     lines = []
     if kwargs:
-        lines += [f"    w = carray(_ptr(c[{CALL['kwargs']}]), {KWARG_WORDS * len(kwargs)}, np.int64)",
-                  f"    f = carray(_ptr(c[{CALL['kwargs']}]), {KWARG_WORDS * len(kwargs)}, np.float64)"]
+        lines += [
+            f"    w = carray(_ptr(c[{CALL['kwargs']}]), {KWARG_WORDS * len(kwargs)}, np.int64)",
+            f"    f = carray(_ptr(c[{CALL['kwargs']}]), {KWARG_WORDS * len(kwargs)}, np.float64)",
+        ]
     values = []
     for k, (name, code) in enumerate(kwargs):
-        lines += [f"    k = _find(w, {len(kwargs)}, {k}, {text_source(name, texts)})",
-                  f"    if k < 0 or w[k * {KWARG_WORDS} + {KWARG['type']}] != {code}:",
-                  f"        return _fail(c, {mismatch})",
-                  f"    b = k * {KWARG_WORDS}"]
+        lines += [
+            f"    k = _find(w, {len(kwargs)}, {k}, {text_source(name, texts)})",
+            f"    if k < 0 or w[k * {KWARG_WORDS} + {KWARG['type']}] != {code}:",
+            f"        return _fail(c, {mismatch})",
+            f"    b = k * {KWARG_WORDS}",
+        ]
         if code == KW_INT:
             lines.append(f"    v{k} = w[b + {KWARG['int_value']}]")
         elif code == KW_BOOL:
@@ -153,12 +181,18 @@ def _fn_argtypes(m: dict, dtypes, ranks, n_in, kwargs, kwargs_type) -> tuple:
     """numba's types of fn's ``(out, args, kwargs)`` as the guard passes them (inputs and kwargs read-only)."""
     types = m["types"]
     arrays = [types.Array(m["numba"].from_dtype(dtypes[k]), ranks[k], "C") for k in range(len(ranks))]
-    field_types = {KW_INT: types.int64, KW_FLOAT: types.float64, KW_BOOL: types.boolean,
-                   KW_INT_ARRAY: types.Array(types.int64, 1, "C"),
-                   KW_FLOAT_ARRAY: types.Array(types.float64, 1, "C")}
-    return (types.BaseTuple.from_types(arrays[n_in:]),
-            read_only(types.BaseTuple.from_types(arrays[:n_in])),
-            read_only(types.BaseTuple.from_types([field_types[code] for _, code in kwargs], kwargs_type)))
+    field_types = {
+        KW_INT: types.int64,
+        KW_FLOAT: types.float64,
+        KW_BOOL: types.boolean,
+        KW_INT_ARRAY: types.Array(types.int64, 1, "C"),
+        KW_FLOAT_ARRAY: types.Array(types.float64, 1, "C"),
+    }
+    return (
+        types.BaseTuple.from_types(arrays[n_in:]),
+        read_only(types.BaseTuple.from_types(arrays[:n_in])),
+        read_only(types.BaseTuple.from_types([field_types[code] for _, code in kwargs], kwargs_type)),
+    )
 
 
 def _compile_error(fn_name, description, kwargs, err) -> str:

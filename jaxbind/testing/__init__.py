@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +37,7 @@ from ._report import OpCheck
 __all__ = ["OpCheck", "check_op"]
 
 
-def check_op(op: Op, /, *args, fd_rtol: Optional[float] = None, **kwargs) -> OpCheck:
+def check_op(op: Op, /, *args, fd_rtol: float | None = None, **kwargs) -> OpCheck:
     """Check an op on the given arguments, as ``torch.library.opcheck`` does for PyTorch.
 
     Checks, on the arguments given (see the guide "Checking an op", docs/guides/checking.md):
@@ -116,17 +115,25 @@ def check_op(op: Op, /, *args, fd_rtol: Optional[float] = None, **kwargs) -> OpC
         raise TypeError(f"check_op takes a jaxbind op, got {type(op).__name__}.")
     name = op.definition.name
     if fd_rtol is not None:
-        if (isinstance(fd_rtol, bool) or not isinstance(fd_rtol, numbers.Real)
-                or not math.isfinite(float(fd_rtol)) or fd_rtol < 0):
-            raise ValueError(f"check_op: jaxbind op '{name}': fd_rtol must be a finite non-negative number "
-                             f"(the op's relative accuracy), got {fd_rtol!r}.")
+        if (
+            isinstance(fd_rtol, bool)
+            or not isinstance(fd_rtol, numbers.Real)
+            or not math.isfinite(float(fd_rtol))
+            or fd_rtol < 0
+        ):
+            raise ValueError(
+                f"check_op: jaxbind op '{name}': fd_rtol must be a finite non-negative number "
+                f"(the op's relative accuracy), got {fd_rtol!r}."
+            )
         fd_rtol = float(fd_rtol)
     arrays = []
     for i, a in enumerate(args):
         if not isinstance(a, (jax.Array, np.ndarray, np.generic, numbers.Number)) or isinstance(a, str):
-            raise TypeError(f"check_op: jaxbind op '{name}': argument {i} is a {type(a).__name__}; the "
-                            "arguments must be arrays (jax or NumPy) or scalars. Pass static values as "
-                            "keyword arguments.")
+            raise TypeError(
+                f"check_op: jaxbind op '{name}': argument {i} is a {type(a).__name__}; the "
+                "arguments must be arrays (jax or NumPy) or scalars. Pass static values as "
+                "keyword arguments."
+            )
         arrays.append(jnp.asarray(a))
     previous = config.check_unwritten
     config.check_unwritten = True

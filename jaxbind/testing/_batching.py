@@ -53,29 +53,36 @@ class BatchingChecks:
 
         def value(i, ks):
             item = items
-            for l, k in enumerate(ks):
-                item = item[0 if axes[l][i] is None else k]
+            for depth, k in enumerate(ks):
+                item = item[0 if axes[depth][i] is None else k]
             return item[i]
 
-        def build(i, l, ks):
-            if l == len(axes):
+        def build(i, depth, ks):
+            if depth == len(axes):
                 return value(i, ks)
-            if axes[l][i] is None:
-                return build(i, l + 1, ks + [0])
-            return jnp.stack([build(i, l + 1, ks + [k]) for k in range(sizes[l])], axis=axes[l][i])
+            if axes[depth][i] is None:
+                return build(i, depth + 1, ks + [0])
+            return jnp.stack([build(i, depth + 1, ks + [k]) for k in range(sizes[depth])], axis=axes[depth][i])
 
         mapped = fn
         for a in reversed(axes):
             mapped = jax.vmap(mapped, in_axes=tuple(a))
 
-        def loop(l=0, ks=()):
-            if l == len(axes):
+        def loop(depth=0, ks=()):
+            if depth == len(axes):
                 return fn(*[value(i, list(ks)) for i in range(n)])
-            rows = [loop(l + 1, ks + (k,)) for k in range(sizes[l])]
+            rows = [loop(depth + 1, ks + (k,)) for k in range(sizes[depth])]
             return [jnp.stack([r[m] for r in rows]) for m in range(len(rows[0]))]
 
-        return dict(check=check, label=label, mapped=mapped, inputs=lambda: [build(i, 0, []) for i in range(n)],
-                    loop=loop, dtypes=dtypes, detail=detail)
+        return dict(
+            check=check,
+            label=label,
+            mapped=mapped,
+            inputs=lambda: [build(i, 0, []) for i in range(n)],
+            loop=loop,
+            dtypes=dtypes,
+            detail=detail,
+        )
 
     def run_batched(self, tasks):
         """Run the tasks' vmapped functions, compiled together (one program), and compare each with its loop.
@@ -85,19 +92,24 @@ class BatchingChecks:
         the results of one are freed before the next runs.
         """
         results = None
-        size = sum(_size(a) * (2 if t["check"] == "vmap of vmap against a loop" else 1)
-                   for t in tasks for a in self.args)
+        size = sum(
+            _size(a) * (2 if t["check"] == "vmap of vmap against a loop" else 1) for t in tasks for a in self.args
+        )
         if size * BATCH <= COMBINED:
             try:
                 results = jax.jit(lambda inputs: [t["mapped"](*i) for t, i in zip(tasks, inputs)])(
-                    [t["inputs"]() for t in tasks])
+                    [t["inputs"]() for t in tasks]
+                )
                 jax.block_until_ready(results)
             except Exception:
                 results = None
         for k, t in enumerate(tasks):
             check, label = t["check"], t["label"]
-            got = results[k] if results is not None else self.attempt(
-                check, label, lambda: jax.jit(t["mapped"])(*t["inputs"]()))
+            got = (
+                results[k]
+                if results is not None
+                else self.attempt(check, label, lambda t=t: jax.jit(t["mapped"])(*t["inputs"]()))
+            )
             want = self.attempt(check, label + " (the loop)", t["loop"])
             if len(got) != len(want):
                 self.fail(check, label, f"{t['detail']}: {len(got)} results, the loop gives {len(want)}")
@@ -108,11 +120,13 @@ class BatchingChecks:
 
     def grid(self, sizes, extra=None):
         """Nested lists of element argument lists (plus ``extra(k)`` appended), element k = flat index."""
-        def make(l, offset):
-            if l == len(sizes):
+
+        def make(depth, offset):
+            if depth == len(sizes):
                 return self.element(offset) + (extra(offset) if extra else [])
-            stride = int(np.prod(sizes[l + 1:], dtype=np.int64))
-            return [make(l + 1, offset + k * stride) for k in range(sizes[l])]
+            stride = int(np.prod(sizes[depth + 1 :], dtype=np.int64))
+            return [make(depth + 1, offset + k * stride) for k in range(sizes[depth])]
+
         return make(0, 0)
 
     def check_vmap(self):
@@ -127,11 +141,16 @@ class BatchingChecks:
         check = "vmap against a Python loop"
         detail = "the vmapped op gives other values than calling it element by element"
         items = self.grid([BATCH])
-        tasks = [self.batched(check, f"{name} {tuple(axes)}", self.call, items, [axes], dtypes, detail)
-                 for name, axes in patterns]
+        tasks = [
+            self.batched(check, f"{name} {tuple(axes)}", self.call, items, [axes], dtypes, detail)
+            for name, axes in patterns
+        ]
         if n == 1:
             # The op inside a vmap over something else (a scale of its outputs).
-            scale = lambda s, *args: [s * o if _inexact(o.dtype) else o for o in self.call(*args)]  # noqa: E731
+
+            def scale(s, *args):
+                return [s * o if _inexact(o.dtype) else o for o in self.call(*args)]
+
             scaled = self.grid([BATCH], lambda k: [jnp.asarray(1.0 + k)])
             scaled = [item[-1:] + item[:-1] for item in scaled]
             tasks.append(self.batched(check, "in_axes None-mixed (None,)", scale, scaled, [[0, None]], dtypes, detail))
@@ -141,11 +160,14 @@ class BatchingChecks:
         check = "vmap of vmap against a loop"
         nested = [("outer 0, inner 1", [[0] * n, ones])]
         if n > 1:
-            nested.append(("outer None-mixed, inner 1", [[a if i % 2 == 0 else None for i, a in enumerate(ones)],
-                                                         ones]))
+            nested.append(
+                ("outer None-mixed, inner 1", [[a if i % 2 == 0 else None for i, a in enumerate(ones)], ones])
+            )
         items2 = self.grid(list(NESTED))
-        tasks += [self.batched(check, f"{name} {tuple(axes[0])} {tuple(axes[1])}", self.call, items2, axes,
-                               dtypes, detail) for name, axes in nested]
+        tasks += [
+            self.batched(check, f"{name} {tuple(axes[0])} {tuple(axes[1])}", self.call, items2, axes, dtypes, detail)
+            for name, axes in nested
+        ]
 
         diff = [i for i in range(self.n_fixed, n) if _inexact(self.args[i].dtype)]
         if d.has_derivatives and diff and self.inexact_outputs:
@@ -163,13 +185,16 @@ class BatchingChecks:
         wherever a body shares state between calls.
         """
         check = "thread_safe: the walk on several threads against a loop"
-        detail = ("the vmapped op gives other values when its walk runs on several threads at once than "
-                  "called element by element: the op was made with thread_safe=True, but its callback is "
-                  "not thread-safe (calls share state: a scratch array, a global, an attribute of an "
-                  "object); give each call its own state, or make the op with thread_safe=False")
+        detail = (
+            "the vmapped op gives other values when its walk runs on several threads at once than "
+            "called element by element: the op was made with thread_safe=True, but its callback is "
+            "not thread-safe (calls share state: a scratch array, a global, an attribute of an "
+            "object); give each call its own state, or make the op with thread_safe=False"
+        )
         n = len(self.args)
-        task = self.batched(check, "in_axes 0", self.call, self.grid([SPREAD_ELEMENTS]), [[0] * n],
-                            [o.dtype for o in self.outs], detail)
+        task = self.batched(
+            check, "in_axes 0", self.call, self.grid([SPREAD_ELEMENTS]), [[0] * n], [o.dtype for o in self.outs], detail
+        )
         interval = sys.getswitchinterval()
         _trampoline.set_spread_walks(True)
         sys.setswitchinterval(1e-6)
@@ -193,13 +218,24 @@ class BatchingChecks:
             pullback = jax.vjp(self.restrict(args, diff), *[args[i] for i in diff])[1]
             return list(pullback(self.zero_cotangents(dict(zip(outs, cts)))))
 
-        cotangents = lambda k: [self.random(self.outs[j].shape, self.outs[j].dtype) for j in outs]  # noqa: E731
+        def cotangents(k):
+            return [self.random(self.outs[j].shape, self.outs[j].dtype) for j in outs]
+
         items = self.grid([BATCH], cotangents)
         dtypes = [self.args[i].dtype for i in diff]
-        return [self.batched("vmap of the vjp against a loop", f"{name} {tuple(axes)}", vjp, items,
-                             [list(axes) + [0] * len(outs)], dtypes,
-                             "the vmapped vjp gives other values than calling it element by element")
-                for name, axes in patterns if any(a is not None for a in axes)]
+        return [
+            self.batched(
+                "vmap of the vjp against a loop",
+                f"{name} {tuple(axes)}",
+                vjp,
+                items,
+                [list(axes) + [0] * len(outs)],
+                dtypes,
+                "the vmapped vjp gives other values than calling it element by element",
+            )
+            for name, axes in patterns
+            if any(a is not None for a in axes)
+        ]
 
     def batched_jvp_tasks(self, diff, ones):
         """f_jvp batched: vmap of the jvp over tangents (jacfwd), over primals and tangents, jvp of vmap."""
@@ -214,13 +250,22 @@ class BatchingChecks:
             tangents = jax.jvp(self.restrict(args, diff), tuple(args[i] for i in diff), tuple(ts))[1]
             return [tangents[j] for j in outs]
 
-        tangents = lambda k: [self.random(self.args[i].shape, self.args[i].dtype) for i in diff]  # noqa: E731
+        def tangents(k):
+            return [self.random(self.args[i].shape, self.args[i].dtype) for i in diff]
+
         items = self.grid([BATCH], tangents)
         all_ones = [ones[i] for i in range(n)] + [ones[i] for i in diff]
         tasks = [
             # vmap over the tangents at fixed primals: what jax.jacfwd does
-            self.batched(check, "vmap of jvp, tangents batched (jacfwd)", jvp, items,
-                         [[None] * n + [0] * len(diff)], dtypes, detail),
+            self.batched(
+                check,
+                "vmap of jvp, tangents batched (jacfwd)",
+                jvp,
+                items,
+                [[None] * n + [0] * len(diff)],
+                dtypes,
+                detail,
+            ),
             self.batched(check, f"vmap of jvp, in_axes {tuple(all_ones)}", jvp, items, [all_ones], dtypes, detail),
         ]
         # jvp of vmap: the op vmapped (some fixed arguments unmapped), then differentiated
@@ -228,16 +273,23 @@ class BatchingChecks:
 
         def jvp_of_vmap(*values):
             args, ts = values[:n], values[n:]
-            f = lambda *dv: jax.vmap(self.call, in_axes=tuple(in_axes))(  # noqa: E731
-                *[dv[diff.index(i)] if i in diff else a for i, a in enumerate(args)])
+
+            def f(*dv):
+                return jax.vmap(self.call, in_axes=tuple(in_axes))(
+                    *[dv[diff.index(i)] if i in diff else a for i, a in enumerate(args)]
+                )
+
             tangents_out = jax.jvp(f, tuple(args[i] for i in diff), tuple(ts))[1]
             return [tangents_out[j] for j in outs]
 
-        task = self.batched(check, f"jvp of vmap, in_axes {tuple(in_axes)}", jvp, items,
-                            [in_axes + [0] * len(diff)], dtypes, detail)
-        inputs = lambda: [jnp.stack([items[k][i] for k in range(BATCH)]) if in_axes[i] == 0 else items[0][i]  # noqa: E731
-                          for i in range(n)] + [jnp.stack([items[k][n + m] for k in range(BATCH)])
-                                                for m in range(len(diff))]
+        task = self.batched(
+            check, f"jvp of vmap, in_axes {tuple(in_axes)}", jvp, items, [in_axes + [0] * len(diff)], dtypes, detail
+        )
+
+        def inputs():
+            stacked = [jnp.stack([items[k][i] for k in range(BATCH)]) for i in range(n + len(diff))]
+            return [stacked[i] if i >= n or in_axes[i] == 0 else items[0][i] for i in range(n + len(diff))]
+
         task.update(mapped=jvp_of_vmap, inputs=inputs)  # the loop stays the jvp element by element
         tasks.append(task)
         return tasks

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._numerics import (
-    FLOOR, MEANINGFUL, _eps, _growth, _inexact, _nonfinite, _norm, _relative, _size, _wide, _Worst,
-)
 from .._op import Op
 from .._state import state_cache
 from ._batching import BatchingChecks
 from ._derivatives import DerivativeChecks
 from ._linear import LinearChecks
+from ._numerics import FLOOR, MEANINGFUL, _eps, _growth, _inexact, _nonfinite, _norm, _relative, _size, _wide, _Worst
 from ._report import Failure, OpCheck
 
 
@@ -54,11 +51,20 @@ class Checker(LinearChecks, DerivativeChecks, BatchingChecks):
             return 0.0
         return max(_eps(dtype), self.eps_args, FLOOR)
 
-    def fail(self, check: str, argument: str, detail: str, error: Optional[float] = None,
-             tolerance: Optional[float] = None, cause: Optional[BaseException] = None, hint: str = ""):
+    def fail(
+        self,
+        check: str,
+        argument: str,
+        detail: str,
+        error: float | None = None,
+        tolerance: float | None = None,
+        cause: BaseException | None = None,
+        hint: str = "",
+    ):
         measured = f" Measured error {error:.3g}, tolerance {tolerance:.3g}." if error is not None else ""
-        message = (f"check_op: jaxbind op '{self.name}': {check} failed for {argument}: {detail}.{measured}"
-                   + (f" {hint}" if hint else ""))
+        message = f"check_op: jaxbind op '{self.name}': {check} failed for {argument}: {detail}.{measured}" + (
+            f" {hint}" if hint else ""
+        )
         if cause is not None:
             raise Failure(message) from cause
         raise Failure(message)
@@ -83,8 +89,11 @@ class Checker(LinearChecks, DerivativeChecks, BatchingChecks):
         for j, a in arrays:
             bad = _nonfinite(a)
             if bad:
-                self.fail(check, argument, f"{what} {j} has {bad} non-finite (NaN or inf) element(s) of "
-                          f"{_size(a)} at finite arguments")
+                self.fail(
+                    check,
+                    argument,
+                    f"{what} {j} has {bad} non-finite (NaN or inf) element(s) of {_size(a)} at finite arguments",
+                )
 
     def random(self, shape, dtype, complex_data=True):
         dtype = np.dtype(dtype)
@@ -124,8 +133,17 @@ class Checker(LinearChecks, DerivativeChecks, BatchingChecks):
                 cts.append(np.zeros(o.shape, jax.dtypes.float0))
         return cts
 
-    def judge(self, check: str, argument: str, error: float, tolerance: float, magnitude: float,
-              detail: str, skip_reason: str, hint: str = ""):
+    def judge(
+        self,
+        check: str,
+        argument: str,
+        error: float,
+        tolerance: float,
+        magnitude: float,
+        detail: str,
+        skip_reason: str,
+        hint: str = "",
+    ):
         """Pass, fail or skip a comparison: errors and tolerance absolute, ``magnitude`` their scale.
 
         Reported relative to ``magnitude``. Exact agreement always passes; a
@@ -135,33 +153,51 @@ class Checker(LinearChecks, DerivativeChecks, BatchingChecks):
         """
         if not (error <= tolerance):  # NaN fails
             rel = error / magnitude if magnitude > 0 else math.inf
-            self.fail(check, argument, detail, rel, tolerance / magnitude if magnitude > 0 else tolerance,
-                      hint=hint)
+            self.fail(check, argument, detail, rel, tolerance / magnitude if magnitude > 0 else tolerance, hint=hint)
         if error == 0:
             self.summary.add(check, argument, 0.0, tolerance / magnitude if magnitude > 0 else 0.0)
             return True
         if not tolerance < MEANINGFUL * magnitude:
-            self.summary.skip(f"{check} for {argument}: {skip_reason} (the rounding tolerance, "
-                              f"{tolerance / magnitude if magnitude else math.inf:.2g} relative, would let "
-                              "a 100 % error pass)")
+            self.summary.skip(
+                f"{check} for {argument}: {skip_reason} (the rounding tolerance, "
+                f"{tolerance / magnitude if magnitude else math.inf:.2g} relative, would let "
+                "a 100 % error pass)"
+            )
             return False
         self.summary.add(check, argument, error / magnitude, tolerance / magnitude)
         return True
 
-    def pairing(self, check: str, label: str, what: str, lhs: float, rhs: float, tolerance: float,
-                names: str, detail: str, worst: _Worst):
+    def pairing(
+        self,
+        check: str,
+        label: str,
+        what: str,
+        lhs: float,
+        rhs: float,
+        tolerance: float,
+        names: str,
+        detail: str,
+        worst: _Worst,
+    ):
         """Judge two pairings that should agree up to ``tolerance`` (absolute): fail, skip or offer to ``worst``."""
         error, magnitude = abs(lhs - rhs), max(abs(lhs), abs(rhs))
         left, right = names.split(" == ")
         if not error <= tolerance:
             a, b = distinct_digits(lhs, rhs)
-            self.fail(check, label, f"with {what}, {left} = {a} but {right} = {b}{detail}",
-                      _relative(error, magnitude) if magnitude else math.inf, _relative(tolerance, magnitude))
+            self.fail(
+                check,
+                label,
+                f"with {what}, {left} = {a} but {right} = {b}{detail}",
+                _relative(error, magnitude) if magnitude else math.inf,
+                _relative(tolerance, magnitude),
+            )
         if error == 0:
             worst.offer(0.0, _relative(tolerance, magnitude) if magnitude else 0.0)
         elif not tolerance < MEANINGFUL * magnitude:
-            self.summary.skip(f"{check} for {label} with {what}: the precision is too coarse (the rounding "
-                              f"tolerance, {tolerance / magnitude:.2g} relative, would let a 100 % error pass)")
+            self.summary.skip(
+                f"{check} for {label} with {what}: the precision is too coarse (the rounding "
+                f"tolerance, {tolerance / magnitude:.2g} relative, would let a 100 % error pass)"
+            )
         else:
             worst.offer(error / magnitude, tolerance / magnitude)
 
@@ -194,8 +230,14 @@ class Checker(LinearChecks, DerivativeChecks, BatchingChecks):
         check, cache = "state: kept or made again", state_cache(self.definition)
         cache.clear()
         again = self.attempt(check, "the outputs", lambda: self.call(*self.args))
-        self.compare_all(check, "the outputs", again, self.outs, [o.dtype for o in self.outs],
-                         "the op gives other values once its states are made again")
+        self.compare_all(
+            check,
+            "the outputs",
+            again,
+            self.outs,
+            [o.dtype for o in self.outs],
+            "the op gives other values once its states are made again",
+        )
         if not (self.definition.has_derivatives and self.inexact_outputs and self.differentiable()):
             return
         wrt = self.differentiable()
@@ -206,6 +248,7 @@ class Checker(LinearChecks, DerivativeChecks, BatchingChecks):
                 for i, v in zip(wrt, diff):
                     full[i] = v
                 return [self.call(*full)[j] for j in self.inexact_outputs]
+
             outs, pullback = jax.vjp(partial, *[self.args[i] for i in wrt])
             if clear_between:  # the derivative runs without the state its forward made
                 cache.clear()
@@ -213,8 +256,14 @@ class Checker(LinearChecks, DerivativeChecks, BatchingChecks):
 
         kept = self.attempt(check, "the vjp", lambda: pulled(False))
         remade = self.attempt(check, "the vjp", lambda: pulled(True))
-        self.compare_all(check, "the vjp", remade, kept, [self.args[i].dtype for i in wrt],
-                         "the vjp gives other values when its state is made again")
+        self.compare_all(
+            check,
+            "the vjp",
+            remade,
+            kept,
+            [self.args[i].dtype for i in wrt],
+            "the vjp gives other values when its state is made again",
+        )
 
     def check_outputs(self):
         check = "outputs: abstract, fully written"
@@ -222,7 +271,9 @@ class Checker(LinearChecks, DerivativeChecks, BatchingChecks):
         self.declared = declared
         outs = self.attempt(check, "the given arguments", lambda: self.call(*self.args))
         if len(outs) != len(declared):
-            self.fail(check, "the outputs", f"the abstract declares {len(declared)} outputs, the op returned {len(outs)}")
+            self.fail(
+                check, "the outputs", f"the abstract declares {len(declared)} outputs, the op returned {len(outs)}"
+            )
         for j, (o, d) in enumerate(zip(outs, declared)):
             if o.shape != d.shape or o.dtype != d.dtype:
                 self.fail(check, f"output {j}", f"declared {d.shape} {d.dtype}, got {o.shape} {o.dtype}")
@@ -239,20 +290,33 @@ class Checker(LinearChecks, DerivativeChecks, BatchingChecks):
                 self.fail(check, argument, f"{detail}: output {j} has shape {g.shape}, the loop gives {w.shape}")
             if not _inexact(dtype):
                 if not np.array_equal(g, w):
-                    self.fail(check, argument, f"{detail}: output {j} ({np.dtype(dtype).name}) differs in "
-                              f"{int(np.count_nonzero(g != w))} of {w.size} elements", math.inf, 0.0)
+                    self.fail(
+                        check,
+                        argument,
+                        f"{detail}: output {j} ({np.dtype(dtype).name}) differs in "
+                        f"{int(np.count_nonzero(g != w))} of {w.size} elements",
+                        math.inf,
+                        0.0,
+                    )
                 continue
             error, magnitude = _norm(_wide(g) - _wide(w)), _norm(w)
             tolerance = _growth(max(w.size, 1)) * self.eps(dtype) * magnitude
             where = f"{argument}, output {j}" if len(want) > 1 else argument
-            self.judge(check, where, error, tolerance, magnitude, detail,
-                       f"{np.dtype(dtype).name} is too coarse to compare")
+            self.judge(
+                check, where, error, tolerance, magnitude, detail, f"{np.dtype(dtype).name} is too coarse to compare"
+            )
 
     def check_eager_against_jit(self):
         check = "eager against jit"
         jitted = self.attempt(check, "the given arguments", lambda: jax.jit(self.call)(*self.args))
-        self.compare_all(check, "the outputs", jitted, self.outs, [o.dtype for o in self.outs],
-                         "jit gives other values than an eager call")
+        self.compare_all(
+            check,
+            "the outputs",
+            jitted,
+            self.outs,
+            [o.dtype for o in self.outs],
+            "jit gives other values than an eager call",
+        )
 
     def compare_all(self, check, argument, got, want, dtypes, detail):
         """``compare``, with one summary entry for all outputs (the worst)."""

@@ -9,7 +9,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._numerics import (
-    FD_LADDER, FD_MAX_STEP, FD_POINTS, FD_WEIGHTS, MEANINGFUL, _eps, _growth, _norm, _pair, _relative, _size, _wide, _Worst,
+    FD_LADDER,
+    FD_MAX_STEP,
+    FD_POINTS,
+    FD_WEIGHTS,
+    MEANINGFUL,
+    _eps,
+    _growth,
+    _norm,
+    _pair,
+    _relative,
+    _size,
+    _wide,
+    _Worst,
 )
 
 
@@ -21,6 +33,7 @@ class DerivativeChecks:
             args = list(self.args)
             args[i] = x
             return self.call(*args)
+
         return f
 
     def check_jvp_and_vjp(self):
@@ -38,7 +51,7 @@ class DerivativeChecks:
         x = _wide(x0)
         scale = np.abs(x)
         nonzero = scale[scale > 0]
-        fallback = float(np.sqrt(np.mean(nonzero ** 2))) if nonzero.size else 1.0
+        fallback = float(np.sqrt(np.mean(nonzero**2))) if nonzero.size else 1.0
         scale = np.where(scale > 0, scale, fallback)
         magnitude = self.rng.uniform(0.5, 1.0, x.shape)
         if x.dtype.kind == "c":
@@ -85,9 +98,13 @@ class DerivativeChecks:
                     for j in self.inexact_outputs:
                         o = self.outs[j]
                         if (jv[j].shape, jv[j].dtype) != (o.shape, o.dtype):
-                            self.fail(check, argument, f"the tangent of output {j} has shape {jv[j].shape} and "
-                                      f"dtype {jv[j].dtype}, but the output has {o.shape} {o.dtype} (check what "
-                                      "the abstract declares when called with the tangents)")
+                            self.fail(
+                                check,
+                                argument,
+                                f"the tangent of output {j} has shape {jv[j].shape} and "
+                                f"dtype {jv[j].dtype}, but the output has {o.shape} {o.dtype} (check what "
+                                "the abstract declares when called with the tangents)",
+                            )
                     self.finite(check, argument, "tangent of output", [(j, jv[j]) for j in self.inexact_outputs])
                 values = [self.attempt(check, argument, lambda p=p: f(p)) for p in points]
                 evaluated[e] = (jv, values)
@@ -134,28 +151,42 @@ class DerivativeChecks:
                         break
             if r[0] > r[1] and r[3] <= first:
                 miss = min(tried, key=ratio)
-                rtol = (f"plus fd_rtol={self.fd_rtol:g} of the jvp" if self.fd_rtol is not None
-                        else "no fd_rtol given")
+                rtol = f"plus fd_rtol={self.fd_rtol:g} of the jvp" if self.fd_rtol is not None else "no fd_rtol given"
                 steps = ", ".join(f"{t[3]:.2g}" for t in tried)
-                detail = (f"the jvp disagrees with finite differences of f at every step tried ({steps} times "
-                          "each element's magnitude)")
+                detail = (
+                    f"the jvp disagrees with finite differences of f at every step tried ({steps} times "
+                    "each element's magnitude)"
+                )
                 if miss[0] == math.inf:
-                    detail = (f"finite differences of f are not finite at a step of {miss[3]:.2g} times each "
-                              "element's magnitude (f leaves its domain, or is not finite near the arguments)")
-                self.fail(check, label(j), detail, _relative(miss[0], miss[2]), _relative(miss[1], miss[2]),
-                          hint=f"The tolerance is the rounding model's ({rtol}). If f is computed to an accuracy of its "
-                          "own (an iterative or adaptive solver, an interpolation table), pass fd_rtol= its "
-                          "relative accuracy: the jvp may then differ from finite differences by that much more, "
-                          "and a jvp wrong by more is still caught.")
+                    detail = (
+                        f"finite differences of f are not finite at a step of {miss[3]:.2g} times each "
+                        "element's magnitude (f leaves its domain, or is not finite near the arguments)"
+                    )
+                self.fail(
+                    check,
+                    label(j),
+                    detail,
+                    _relative(miss[0], miss[2]),
+                    _relative(miss[1], miss[2]),
+                    hint=f"The tolerance is the rounding model's ({rtol}). If f is computed to an accuracy of its "
+                    "own (an iterative or adaptive solver, an interpolation table), pass fd_rtol= its "
+                    "relative accuracy: the jvp may then differ from finite differences by that much more, "
+                    "and a jvp wrong by more is still caught.",
+                )
             if r[0] > r[1] or not meaningful(r):
-                why = (f"the rounding tolerance, {_relative(r[1], r[2]):.2g} relative at a step of {r[3]:.2g} times "
-                       "each element's magnitude, would let a 100 % error pass" if not meaningful(r) else
-                       f"at the step of {r[3]:.2g} times each element's magnitude where rounding allows a "
-                       f"meaningful check, the disagreement ({_relative(r[0], r[2]):.2g} relative) may be "
-                       "truncation")
-                self.summary.skip(f"{check} for {label(j)}: {self.outs[j].dtype} outputs of {dtype} arguments are "
-                                  f"too coarse for finite differences ({why}); the vjp is still checked against "
-                                  "the jvp")
+                why = (
+                    f"the rounding tolerance, {_relative(r[1], r[2]):.2g} relative at a step of {r[3]:.2g} times "
+                    "each element's magnitude, would let a 100 % error pass"
+                    if not meaningful(r)
+                    else f"at the step of {r[3]:.2g} times each element's magnitude where rounding allows a "
+                    f"meaningful check, the disagreement ({_relative(r[0], r[2]):.2g} relative) may be "
+                    "truncation"
+                )
+                self.summary.skip(
+                    f"{check} for {label(j)}: {self.outs[j].dtype} outputs of {dtype} arguments are "
+                    f"too coarse for finite differences ({why}); the vjp is still checked against "
+                    "the jvp"
+                )
                 continue
             worst.offer(_relative(r[0], r[2]), _relative(r[1], r[2]))
         worst.report(self.summary, check, argument)
@@ -175,11 +206,12 @@ class DerivativeChecks:
         probes = []
         for j in self.inexact_outputs:
             c = self.probe(jv[j], self.declared[j], complex_data)
-            (ct,) = self.attempt(check, argument, lambda c=c: pullback(self.zero_cotangents({j: c})))
+            (ct,) = self.attempt(check, argument, lambda c=c, j=j: pullback(self.zero_cotangents({j: c})))
             self.finite(check, argument, "vjp for argument", [(i, ct)])
             probes.append((f"a cotangent on output {j} alone", t, ct, {j: c}, jv))
-        cs = {j: self.random(self.declared[j].shape, self.declared[j].dtype, complex_data)
-              for j in self.inexact_outputs}
+        cs = {
+            j: self.random(self.declared[j].shape, self.declared[j].dtype, complex_data) for j in self.inexact_outputs
+        }
         (ct,) = self.attempt(check, argument, lambda: pullback(self.zero_cotangents(cs)))
         self.finite(check, argument, "vjp for argument", [(i, ct)])
         t2 = self.probe(ct, x0, complex_data)
@@ -190,7 +222,9 @@ class DerivativeChecks:
         for what, t_, ct_, cs_, jv_ in probes:
             lhs = _pair(ct_, t_)
             rhs = sum(_pair(c, jv_[j]) for j, c in cs_.items())
-            tol = g * (self.eps(x0.dtype) * _norm(ct_) * _norm(t_)
-                       + sum(self.eps(jv_[j].dtype) * _norm(c) * _norm(jv_[j]) for j, c in cs_.items()))
+            tol = g * (
+                self.eps(x0.dtype) * _norm(ct_) * _norm(t_)
+                + sum(self.eps(jv_[j].dtype) * _norm(c) * _norm(jv_[j]) for j, c in cs_.items())
+            )
             self.pairing(check, argument, what, lhs, rhs, tol, "<vjp(c), t> == <c, jvp(t)>", "", worst)
         worst.report(self.summary, check, argument)

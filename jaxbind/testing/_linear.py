@@ -7,9 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from ._numerics import (
-    MEANINGFUL, _growth, _inexact, _is_complex, _norm, _pair, _relative, _size, _wide, _Worst,
-)
+from ._numerics import MEANINGFUL, _growth, _inexact, _is_complex, _norm, _pair, _relative, _size, _wide, _Worst
 
 
 class LinearChecks:
@@ -35,10 +33,11 @@ class LinearChecks:
         def f(*xs):
             args = list(self.args)
             if d.kind == "linear":
-                args = args[:self.n_fixed] + [jnp.zeros_like(a) for a in args[self.n_fixed:]]
+                args = args[: self.n_fixed] + [jnp.zeros_like(a) for a in args[self.n_fixed :]]
             for i, x in zip(idx, xs):
                 args[i] = x
             return self.call(*args)
+
         return f
 
     def check_linearity(self):
@@ -55,7 +54,7 @@ class LinearChecks:
             xs = [self.random(self.args[i].shape, self.args[i].dtype, complex_data) for i in idx]
             xs2 = [self.random(self.args[i].shape, self.args[i].dtype, complex_data) for i in idx]
             mixed = [jnp.asarray((alpha * _wide(a) + beta * _wide(b)).astype(a.dtype)) for a, b in zip(xs, xs2)]
-            f1, f2, f3 = (self.attempt(check, label, lambda v=v: f(*v)) for v in (xs, xs2, mixed))
+            f1, f2, f3 = (self.attempt(check, label, lambda v=v, f=f: f(*v)) for v in (xs, xs2, mixed))
             for fs in (f1, f2, f3):
                 self.finite(check, label, "output", enumerate(fs))
             worst = _Worst()
@@ -66,12 +65,19 @@ class LinearChecks:
                 # The three evaluations' rounding and that of the mixed input (relative to the inputs).
                 tolerance = _growth(n) * self.eps(f3[j].dtype) * (magnitude + _norm(f3[j]))
                 if not error <= tolerance:
-                    self.fail(check, f"{label}, output {j}", "f is not linear: f(a x + b x') differs from "
-                              "a f(x) + b f(x') (an affine map, a term in a product of linear arguments)",
-                              error / magnitude if magnitude else math.inf, tolerance / magnitude if magnitude else 0)
+                    self.fail(
+                        check,
+                        f"{label}, output {j}",
+                        "f is not linear: f(a x + b x') differs from "
+                        "a f(x) + b f(x') (an affine map, a term in a product of linear arguments)",
+                        error / magnitude if magnitude else math.inf,
+                        tolerance / magnitude if magnitude else 0,
+                    )
                 if magnitude > 0 and error > 0 and not tolerance < MEANINGFUL * magnitude:
-                    self.summary.skip(f"{check} for {label}, output {j}: {f3[j].dtype} is too coarse (the rounding "
-                                      f"tolerance, {tolerance / magnitude:.2g} relative, would let a 100 % error pass)")
+                    self.summary.skip(
+                        f"{check} for {label}, output {j}: {f3[j].dtype} is too coarse (the rounding "
+                        f"tolerance, {tolerance / magnitude:.2g} relative, would let a 100 % error pass)"
+                    )
                     continue
                 worst.offer(_relative(error, magnitude), _relative(tolerance, magnitude) if magnitude else 0.0)
             worst.report(self.summary, check, label)
@@ -96,18 +102,21 @@ class LinearChecks:
             """|<f x, y> - <x, f_T y>|, its rounding tolerance and the pairings' magnitude."""
             lhs = sum(_pair(fxs_[j], ys_[j]) for j in self.inexact_outputs)
             rhs = sum(_pair(x, c) for x, c in zip(xs_, cts_))
-            tol = g * (sum(self.eps(fxs_[j].dtype) * _norm(fxs_[j]) * _norm(ys_[j]) for j in self.inexact_outputs)
-                       + sum(self.eps(x.dtype) * _norm(x) * _norm(c) for x, c in zip(xs_, cts_)))
+            tol = g * (
+                sum(self.eps(fxs_[j].dtype) * _norm(fxs_[j]) * _norm(ys_[j]) for j in self.inexact_outputs)
+                + sum(self.eps(x.dtype) * _norm(x) * _norm(c) for x, c in zip(xs_, cts_))
+            )
             return lhs, rhs, tol
 
         probes = []
         for j in self.inexact_outputs:
             y = self.probe(fx[j], self.declared[j], complex_data)
-            cts = self.attempt(check, label, lambda y=y: pullback(self.zero_cotangents({j: y})))
+            cts = self.attempt(check, label, lambda y=y, j=j: pullback(self.zero_cotangents({j: y})))
             self.finite(check, label, "cotangent of argument", zip(idx, cts))
             probes.append((f"a cotangent on output {j} alone", xs, cts, fx, self.zero_cotangents({j: y})))
-        ys = {j: self.random(self.declared[j].shape, self.declared[j].dtype, complex_data)
-              for j in self.inexact_outputs}
+        ys = {
+            j: self.random(self.declared[j].shape, self.declared[j].dtype, complex_data) for j in self.inexact_outputs
+        }
         cts = self.attempt(check, label, lambda: pullback(self.zero_cotangents(ys)))
         self.finite(check, label, "cotangent of argument", zip(idx, cts))
         xs2 = [self.probe(c, a, complex_data) for c, a in zip(cts, lin)]
@@ -117,8 +126,15 @@ class LinearChecks:
 
         worst = _Worst()
         for what, xs_, cts_, fxs_, ys_ in probes:
-            self.pairing(check, label, what, *weigh(xs_, cts_, fxs_, ys_), "<f x, y> == <x, f_T y>",
-                         ": the transpose is not the transpose of f", worst)
+            self.pairing(
+                check,
+                label,
+                what,
+                *weigh(xs_, cts_, fxs_, ys_),
+                "<f x, y> == <x, f_T y>",
+                ": the transpose is not the transpose of f",
+                worst,
+            )
         worst.report(self.summary, check, label)
 
     def check_dot_products(self):
@@ -129,7 +145,8 @@ class LinearChecks:
         groups = self.linear_groups()
         # Complex data wherever an argument or an output is complex, whatever the others' dtypes.
         any_complex = any(_is_complex(self.args[i].dtype) for _, idx in groups for i in idx) or any(
-            _is_complex(self.outs[j].dtype) for j in self.inexact_outputs)
+            _is_complex(self.outs[j].dtype) for j in self.inexact_outputs
+        )
         kinds = [("real data", False)] + ([("complex data", True)] if any_complex else [])
         for label, idx in groups:
             for kind, complex_data in kinds:

@@ -23,8 +23,6 @@ FD_MAX_STEP = 0.2  # of each element's magnitude: a step never crosses zero
 COMBINED = 1 << 20  # batched checks of at most this many elements in all are compiled as one program
 
 
-
-
 def _inexact(dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.inexact)
 
@@ -109,4 +107,3 @@ def _nonfinite(x) -> int:
     if not _inexact(x.dtype):
         return 0
     return int(np.size(x) - np.count_nonzero(np.isfinite(_wide(x))))
-

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import List
 
 __all__ = ["OpCheck"]
 
@@ -37,8 +36,8 @@ class OpCheck:
 
     op: str
     kind: str
-    checks: List[dict] = dataclasses.field(default_factory=list)
-    skipped: List[str] = dataclasses.field(default_factory=list)
+    checks: list[dict] = dataclasses.field(default_factory=list)
+    skipped: list[str] = dataclasses.field(default_factory=list)
 
     def add(self, check: str, argument: str, error: float, tolerance: float):
         """Record a check that passed (used by :func:`jaxbind.testing.check_op`).
@@ -68,10 +67,14 @@ class OpCheck:
             self.skipped.append(text)
 
     def __str__(self):
-        lines = [f"check_op: jaxbind {self.kind} op '{self.op}': {len(self.checks)} checks passed"
-                 + (f", {len(self.skipped)} skipped" if self.skipped else "")]
-        lines += [f"  {c['check']:<44} {c['argument']:<40} error {c['error']:.1e} <= {c['tolerance']:.1e}"
-                  for c in self.checks]
+        lines = [
+            f"check_op: jaxbind {self.kind} op '{self.op}': {len(self.checks)} checks passed"
+            + (f", {len(self.skipped)} skipped" if self.skipped else "")
+        ]
+        lines += [
+            f"  {c['check']:<44} {c['argument']:<40} error {c['error']:.1e} <= {c['tolerance']:.1e}"
+            for c in self.checks
+        ]
         lines += [f"  skipped: {s}" for s in self.skipped]
         return "\n".join(lines)
 
@@ -80,4 +83,3 @@ class OpCheck:
 
 class Failure(AssertionError):
     """A failed check (an AssertionError naming the op, the check and the argument)."""
-

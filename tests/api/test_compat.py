@@ -56,11 +56,14 @@ def test_multilinear_transposes_indexed_by_argument_position(form):
     check_grads(partial_op, (y,), order=1, modes=["rev"], eps=1.0)
 
 
-@pytest.mark.parametrize("f_T, abstract_T, n_fixed", [
-    ((square_times_T, None), (like_first, None), 1),     # None not in the fixed place
-    ((None, square_times_T), (like_first, like_first), 1),  # abstract_T has no None there
-    ((None, None, square_times_T), (None, None, like_first), 1),  # more None than fixed args
-])
+@pytest.mark.parametrize(
+    "f_T, abstract_T, n_fixed",
+    [
+        ((square_times_T, None), (like_first, None), 1),  # None not in the fixed place
+        ((None, square_times_T), (like_first, like_first), 1),  # abstract_T has no None there
+        ((None, None, square_times_T), (None, None, like_first), 1),  # more None than fixed args
+    ],
+)
 def test_misplaced_none_among_transposes_is_an_error(f_T, abstract_T, n_fixed):
     with pytest.raises(ValueError, match=r"op 'square_times': f_T and abstract_T have None at positions"):
         jaxbind.get_linear_call(square_times, f_T, two_like_first, abstract_T, first_n_args_fixed=n_fixed)
@@ -68,10 +71,8 @@ def test_misplaced_none_among_transposes_is_an_error(f_T, abstract_T, n_fixed):
 
 def test_ops_take_attributes_such_as_a_docstring():
     # JAXbind's contrib module does `genuine_fht.__doc__ = ducc0.fft.genuine_fht.__doc__`.
-    op = jaxbind.get_linear_call(square_times, (square_times_T,), two_like_first, (like_first,),
-                                 first_n_args_fixed=1)
-    twin = jaxbind.get_linear_call(square_times, (square_times_T,), two_like_first, (like_first,),
-                                   first_n_args_fixed=1)
+    op = jaxbind.get_linear_call(square_times, (square_times_T,), two_like_first, (like_first,), first_n_args_fixed=1)
+    twin = jaxbind.get_linear_call(square_times, (square_times_T,), two_like_first, (like_first,), first_n_args_fixed=1)
     op.__doc__ = "Computes x * x * y and x * y."
     op.origin = "a test"
     assert op.__doc__ == "Computes x * x * y and x * y." and op.origin == "a test"
@@ -99,8 +100,9 @@ CALLS = []
 def test_an_op_is_a_partial_whose_func_variant_drops_self_batching():
     # JAXbind's ops are functools.partial(call, _func=<namedtuple>); its own
     # contrib tests make an op without self-batching from those parts.
-    op = jaxbind.get_linear_call(batched_scale, batched_scale, batched_like, batched_like,
-                                 func_can_batch=True, name="partial_form")
+    op = jaxbind.get_linear_call(
+        batched_scale, batched_scale, batched_like, batched_like, func_can_batch=True, name="partial_form"
+    )
     assert isinstance(op, functools.partial) and "_func" in op.keywords
     keywords = dict(op.keywords)
     keywords["_func"] = keywords["_func"]._replace(can_batch=False)
@@ -116,5 +118,8 @@ def test_an_op_is_a_partial_whose_func_variant_drops_self_batching():
     # the unchanged parts call the op itself
     same = functools.partial(op.func, *op.args, **op.keywords)
     np.testing.assert_allclose(same(x)[0], 3 * x)
-    assert hash(op) == hash(jaxbind.get_linear_call(batched_scale, batched_scale, batched_like, batched_like,
-                                                     func_can_batch=True, name="partial_form"))
+    assert hash(op) == hash(
+        jaxbind.get_linear_call(
+            batched_scale, batched_scale, batched_like, batched_like, func_can_batch=True, name="partial_form"
+        )
+    )

@@ -111,8 +111,9 @@ def test_fixed_arguments_stay_fixed():
     def shifted_root(out, args, kwargs_dump):  # root of x**3 + x = c + shift
         cubic_root(out, (args[0] + args[1],), kwargs_dump)
 
-    op = jaxbind.get_nonlinear_call(shifted_root, None, lambda shift, c: ((c.shape, c.dtype),), None,
-                                    first_n_args_fixed=1)
+    op = jaxbind.get_nonlinear_call(
+        shifted_root, None, lambda shift, c: ((c.shape, c.dtype),), None, first_n_args_fixed=1
+    )
     c = np.linspace(-1.0, 1.0, 4)
     np.testing.assert_allclose(jax.jit(lambda s, v: op(s, v)[0])(0.5 * c, c), cardano(1.5 * c), rtol=1e-12)
     with pytest.raises(ValueError, match=r"op 'shifted_root'.*fixed"):
@@ -139,8 +140,9 @@ def _root_jvp(primals, tangents):
 
 
 def test_custom_jvp_differentiates_to_second_order(c):
-    np.testing.assert_allclose(jax.grad(lambda v: jnp.sum(root_with_jvp(v)))(c),
-                               jax.grad(lambda v: jnp.sum(cardano(v)))(c), rtol=1e-10)
+    np.testing.assert_allclose(
+        jax.grad(lambda v: jnp.sum(root_with_jvp(v)))(c), jax.grad(lambda v: jnp.sum(cardano(v)))(c), rtol=1e-10
+    )
     hessian_diag = jax.vmap(jax.grad(jax.grad(root_with_jvp)))(c)
     np.testing.assert_allclose(hessian_diag, jax.vmap(jax.grad(jax.grad(cardano)))(c), rtol=1e-9, atol=1e-12)
     check_grads(root_with_jvp, (c,), order=2, modes=("fwd", "rev"))
@@ -172,7 +174,7 @@ root_with_vjp.defvjp(_root_fwd, _root_bwd)
 
 
 def test_custom_vjp_gives_reverse_mode(c):
-    loss = lambda f: lambda v: jnp.sum(jnp.cos(f(v)))  # noqa: E731
+    loss = lambda f: lambda v: jnp.sum(jnp.cos(f(v)))
     np.testing.assert_allclose(jax.jit(jax.grad(loss(root_with_vjp)))(c), jax.grad(loss(cardano))(c), rtol=1e-10)
     np.testing.assert_allclose(jax.jacrev(root_with_vjp)(c), jax.jacrev(cardano)(c), rtol=1e-10, atol=1e-13)
     check_grads(root_with_vjp, (c,), order=1, modes=("rev",))
@@ -190,9 +192,8 @@ def root_by_custom_root(c):
 
 def test_custom_root_gives_implicit_derivatives(c):
     np.testing.assert_allclose(root_by_custom_root(c), cardano(c), rtol=1e-12, atol=1e-13)
-    loss = lambda f: lambda v: jnp.sum(f(v) ** 3)  # noqa: E731
-    np.testing.assert_allclose(jax.jit(jax.grad(loss(root_by_custom_root)))(c), jax.grad(loss(cardano))(c),
-                               rtol=1e-10)
+    loss = lambda f: lambda v: jnp.sum(f(v) ** 3)
+    np.testing.assert_allclose(jax.jit(jax.grad(loss(root_by_custom_root)))(c), jax.grad(loss(cardano))(c), rtol=1e-10)
     np.testing.assert_allclose(jax.jacfwd(root_by_custom_root)(c), jax.jacfwd(cardano)(c), rtol=1e-10, atol=1e-13)
     check_grads(root_by_custom_root, (c,), order=1, modes=("fwd", "rev"))
 
@@ -207,9 +208,12 @@ def ident(out, args, kwargs_dump):
 
 
 def test_half_a_derivative_pair_is_an_error():
-    with pytest.raises(TypeError, match=r"op 'ident': f_vjp \(f_derivative\[1\]\) must be a Python callable "
-                                        r"or a native kernel, got None. Give both f_jvp and f_vjp, or pass "
-                                        r"f_derivative=None"):
+    with pytest.raises(
+        TypeError,
+        match=r"op 'ident': f_vjp \(f_derivative\[1\]\) must be a Python callable "
+        r"or a native kernel, got None. Give both f_jvp and f_vjp, or pass "
+        r"f_derivative=None",
+    ):
         jaxbind.get_nonlinear_call(ident, (ident, None), like_input, like_input)
     with pytest.raises(TypeError, match=r"op 'ident': f_jvp \(f_derivative\[0\]\) must be .* got None. Give both"):
         jaxbind.get_nonlinear_call(ident, (None, ident), like_input, like_input)

@@ -36,15 +36,30 @@ import jaxbind
 import jaxbind.testing
 
 SECTIONS = {
-    "Parameters", "Other Parameters", "Returns", "Yields", "Receives", "Raises", "Warns", "Warnings",
-    "See Also", "Notes", "References", "Examples", "Attributes", "Methods",
+    "Parameters",
+    "Other Parameters",
+    "Returns",
+    "Yields",
+    "Receives",
+    "Raises",
+    "Warns",
+    "Warnings",
+    "See Also",
+    "Notes",
+    "References",
+    "Examples",
+    "Attributes",
+    "Methods",
 }
 
 # Functions that raise through helpers they call (argument checks, ``int()``,
 # pickle, ...) rather than with a ``raise`` statement of their own.
 RAISES_THROUGH_HELPERS = {
-    "jaxbind.load_kwargs", "jaxbind.export", "jaxbind.NativeKernel",
-    "jaxbind.contrib.jaxducc0.nalm", "jaxbind.contrib.jaxducc0.alm2realalm",
+    "jaxbind.load_kwargs",
+    "jaxbind.export",
+    "jaxbind.NativeKernel",
+    "jaxbind.contrib.jaxducc0.nalm",
+    "jaxbind.contrib.jaxducc0.alm2realalm",
     "jaxbind.contrib.jaxducc0.realalm2alm",
 }
 
@@ -147,8 +162,9 @@ def documented_raises(doc: str, namespace: dict) -> list:
         if line.strip() and not line.startswith(" "):
             for name in line.split(","):
                 kind = resolve_exception(name.strip(), namespace)
-                assert isinstance(kind, type) and issubclass(kind, BaseException), \
+                assert isinstance(kind, type) and issubclass(kind, BaseException), (
                     f"Raises names {name.strip()!r}, which is not an exception type"
+                )
                 types.append(kind)
     return types
 
@@ -184,8 +200,11 @@ def behaviour(fn):
     returns = yields = raises = False
     raised = set()
     for child in _own_nodes(node):
-        if isinstance(child, ast.Return) and child.value is not None and not (
-                isinstance(child.value, ast.Constant) and child.value.value is None):
+        if (
+            isinstance(child, ast.Return)
+            and child.value is not None
+            and not (isinstance(child.value, ast.Constant) and child.value.value is None)
+        ):
             returns = True
         elif isinstance(child, (ast.Yield, ast.YieldFrom)):
             yields = True
@@ -248,8 +267,9 @@ def check_function(fn, where, *, method=False, extra_raises=False):
         assert "Raises" in parts, f"{where} raises but has no Raises section"
     documented = documented_raises(doc, fn.__globals__)
     for kind in raised:
-        assert any(issubclass(kind, d) for d in documented), \
+        assert any(issubclass(kind, d) for d in documented), (
             f"{where} raises {kind.__name__}, which its Raises section does not list"
+        )
 
 
 def check_class(cls, where):
@@ -298,10 +318,12 @@ def check_op_object(op, where):
     assert doc and doc != type(op).__doc__, f"{where} is an op without a docstring of its own"
     lines = inspect.cleandoc(doc).splitlines()
     name = where.rpartition(".")[2]
-    assert re.fullmatch(rf"{re.escape(name)}\(.*\)", lines[0].strip()), \
+    assert re.fullmatch(rf"{re.escape(name)}\(.*\)", lines[0].strip()), (
         f"{where}: an op's docstring begins with its call's signature, {name}(...), got {lines[0]!r}"
-    assert len(lines) > 2 and not lines[1].strip() and lines[2].strip(), \
+    )
+    assert len(lines) > 2 and not lines[1].strip() and lines[2].strip(), (
         f"{where}: the signature line is followed by a blank line and the summary"
+    )
     sections(doc)
     definition = ast.parse(f"def {lines[0].strip()}: pass").body[0]
     arguments = definition.args
@@ -391,12 +413,15 @@ def _bad_section(x):
     """
 
 
-@pytest.mark.parametrize("fn, message", [
-    (_undocumented, "has no docstring"),
-    (_half_documented, r"does not document \['y'\]"),
-    (_raises_undocumented, "raises but has no Raises section"),
-    (_bad_section, "is not a numpydoc section"),
-])
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (_undocumented, "has no docstring"),
+        (_half_documented, r"does not document \['y'\]"),
+        (_raises_undocumented, "raises but has no Raises section"),
+        (_bad_section, "is not a numpydoc section"),
+    ],
+)
 def test_checks_fail_on_bad_docstrings(fn, message):
     with pytest.raises(AssertionError, match=message):
         check_function(fn, fn.__name__)

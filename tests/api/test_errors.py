@@ -54,8 +54,7 @@ def test_first_n_args_fixed_larger_than_number_of_arguments():
     op = jaxbind.get_linear_call(ident, ident, same_shape, same_shape, first_n_args_fixed=2)
     with pytest.raises(TypeError, match=r"op 'ident' has first_n_args_fixed=2.*called with 2"):
         op(jnp.ones(2), jnp.ones(2))
-    nonlinear = jaxbind.get_nonlinear_call(ident, (ident, ident), same_shape, same_shape,
-                                           first_n_args_fixed=3)
+    nonlinear = jaxbind.get_nonlinear_call(ident, (ident, ident), same_shape, same_shape, first_n_args_fixed=3)
     with pytest.raises(TypeError, match=r"op 'ident' has first_n_args_fixed=3.*only 1"):
         nonlinear(jnp.ones(2))
 
@@ -109,7 +108,9 @@ def test_abstract_raising():
         raise ValueError("only 3-vectors, please")
 
     op = jaxbind.get_linear_call(ident, ident, picky, picky)
-    with pytest.raises(jaxbind.JaxbindError, match=r"op 'ident'.*abstract function raised ValueError: only 3-vectors") as info:
+    with pytest.raises(
+        jaxbind.JaxbindError, match=r"op 'ident'.*abstract function raised ValueError: only 3-vectors"
+    ) as info:
         op(jnp.ones(2))
     # the original exception is chained (JAX may put a simplified traceback between)
     chain, error = [], info.value
@@ -132,6 +133,7 @@ def _raising(exc):
         if x.ndim != 1:
             raise exc
         return ((x.shape, x.dtype),)
+
     return abstract
 
 
@@ -157,8 +159,9 @@ def test_a_class_from_code_without_a_module_name_is_the_users_own():
     exec("class PlanError(Exception):\n    pass\n", scope)
     plan_error = scope["PlanError"]
     assert plan_error.__module__ == "builtins"
-    op = jaxbind.get_linear_call(ident, ident, _raising(plan_error("bad plan")), _raising(plan_error("bad plan")),
-                                 name="planned")
+    op = jaxbind.get_linear_call(
+        ident, ident, _raising(plan_error("bad plan")), _raising(plan_error("bad plan")), name="planned"
+    )
     with pytest.raises(plan_error) as info:
         op(jnp.ones((2, 2)))
     assert type(info.value) is plan_error and not isinstance(info.value, jaxbind.JaxbindError)
@@ -173,7 +176,9 @@ def test_an_abstract_exception_keeps_its_type_and_names_the_op(failure, path):
     with pytest.raises(type(exc)) as info:
         PATHS[path](op, jnp.ones((2, 2)))
     err = info.value
-    if getattr(__import__("builtins"), type(exc).__name__, None) is type(exc):  # also a JaxbindError, and its message names the op
+    if getattr(__import__("builtins"), type(exc).__name__, None) is type(
+        exc
+    ):  # also a JaxbindError, and its message names the op
         assert isinstance(err, jaxbind.JaxbindError)
         assert "jaxbind op 'vector_op': its abstract function raised" in str(err)
         assert type(err).__name__ == type(exc).__name__ and err.__cause__ is exc
@@ -181,9 +186,10 @@ def test_an_abstract_exception_keeps_its_type_and_names_the_op(failure, path):
         assert err is exc and err.setting == "tol"
         assert any("jaxbind op 'vector_op'" in note for note in err.__notes__)
     # the op still works on inputs its abstract accepts
-    np.testing.assert_array_equal(PATHS[path](op, jnp.arange(3.0))[0] if path == "eager"
-                                  else PATHS[path](op, jnp.arange(3.0)),
-                                  {"grad": np.ones(3), "vmap": np.arange(3.0)[None]}.get(path, np.arange(3.0)))
+    np.testing.assert_array_equal(
+        PATHS[path](op, jnp.arange(3.0))[0] if path == "eager" else PATHS[path](op, jnp.arange(3.0)),
+        {"grad": np.ones(3), "vmap": np.arange(3.0)[None]}.get(path, np.arange(3.0)),
+    )
 
 
 def test_an_assert_in_an_abstract_is_catchable_with_pytest_raises():
@@ -285,11 +291,15 @@ def test_reverse_abstract_declaring_too_few_or_too_many_cotangents(declared):
     def abstract_reverse(a, b, ct):
         return ((a.shape, a.dtype),) * declared
 
-    op = jaxbind.get_nonlinear_call(product, (product, product), lambda a, b, *t: ((a.shape, a.dtype),),
-                                    abstract_reverse)
-    with pytest.raises(ValueError, match=rf"op 'product' \(vjp callback 'product'\): its abstract function "
-                                         rf"'abstract_reverse' declares {declared} output\(s\).*cotangents of "
-                                         r"2 linear argument\(s\) \(argument 0, argument 1\)"):
+    op = jaxbind.get_nonlinear_call(
+        product, (product, product), lambda a, b, *t: ((a.shape, a.dtype),), abstract_reverse
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"op 'product' \(vjp callback 'product'\): its abstract function "
+        rf"'abstract_reverse' declares {declared} output\(s\).*cotangents of "
+        r"2 linear argument\(s\) \(argument 0, argument 1\)",
+    ):
         jax.grad(lambda a, b: jnp.sum(op(a, b)[0]), argnums=1)(jnp.ones(3), jnp.ones(3))
 
 
@@ -302,8 +312,11 @@ def test_transpose_abstract_declaring_too_few_cotangents():
         out[0][...] = args[0] + args[1]
 
     op = jaxbind.get_linear_call(add, split, lambda a, b: ((a.shape, a.dtype),), same_shape)
-    with pytest.raises(ValueError, match=r"op 'add' \(transpose callback 'split'\): its abstract function "
-                                         r"'same_shape' declares 1 output\(s\).*2 linear argument\(s\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"op 'add' \(transpose callback 'split'\): its abstract function "
+        r"'same_shape' declares 1 output\(s\).*2 linear argument\(s\)",
+    ):
         jax.grad(lambda a, b: jnp.sum(op(a, b)[0]), argnums=1)(jnp.ones(3), jnp.ones(3))
 
 
@@ -312,9 +325,12 @@ def test_wrong_cotangent_shape_names_the_ops_own_argument():
     def abstract_reverse(a, b, ct):
         return ((a.shape, a.dtype), ((5,), b.dtype))
 
-    op = jaxbind.get_nonlinear_call(product, (product, product), lambda a, b, *t: ((a.shape, a.dtype),),
-                                    abstract_reverse)
-    with pytest.raises(ValueError, match=r"shape \(5,\) for the cotangent of argument 1, but that argument has shape \(3,\)"):
+    op = jaxbind.get_nonlinear_call(
+        product, (product, product), lambda a, b, *t: ((a.shape, a.dtype),), abstract_reverse
+    )
+    with pytest.raises(
+        ValueError, match=r"shape \(5,\) for the cotangent of argument 1, but that argument has shape \(3,\)"
+    ):
         jax.grad(lambda a, b: jnp.sum(op(a, b)[0]), argnums=1)(jnp.ones(3), jnp.ones(3))
 
 
@@ -324,9 +340,12 @@ def test_abstract_that_does_not_take_the_tangents_says_so():
 
     op = jaxbind.get_nonlinear_call(product, (product, product), abstract, two_like_first)
     np.testing.assert_array_equal(op(jnp.ones(2), jnp.full(2, 3.0))[0], np.full(2, 3.0))  # the call is right
-    with pytest.raises(TypeError, match=r"op 'product' \(jvp callback 'product'\): its abstract function "
-                                        r"'abstract' is called with 4 array arguments \(the 2 primal\(s\), then "
-                                        r"the tangents of the 2 differentiable argument\(s\)\).*signature") as info:
+    with pytest.raises(
+        TypeError,
+        match=r"op 'product' \(jvp callback 'product'\): its abstract function "
+        r"'abstract' is called with 4 array arguments \(the 2 primal\(s\), then "
+        r"the tangents of the 2 differentiable argument\(s\)\).*signature",
+    ) as info:
         jax.jvp(lambda a, b: op(a, b)[0], (jnp.ones(2), jnp.ones(2)), (jnp.ones(2), jnp.ones(2)))
     assert "Check the number of arguments passed to the op" not in str(info.value)
 
@@ -340,8 +359,9 @@ def test_op_jointly_linear_in_an_int_and_a_float_argument_differentiates_in_the_
         out[0][...] = args[0].astype(out[0].dtype)
         out[1][...] = args[0]
 
-    op = jaxbind.get_linear_call(add, add_T, lambda a, b: ((b.shape, b.dtype),),
-                                 lambda ct: ((ct.shape, np.int32), (ct.shape, ct.dtype)))
+    op = jaxbind.get_linear_call(
+        add, add_T, lambda a, b: ((b.shape, b.dtype),), lambda ct: ((ct.shape, np.int32), (ct.shape, ct.dtype))
+    )
     counts = jnp.arange(3, dtype=jnp.int32)
     y = jnp.array([0.5, 1.5, 2.5])
     np.testing.assert_array_equal(op(counts, y)[0], np.arange(3) + np.array([0.5, 1.5, 2.5]))
@@ -368,9 +388,10 @@ def test_cotangent_count_is_checked_under_vmap_too(declared, batching):
     def product_any(out, args, kwargs_dump):
         out[0][...] = args[0] * args[1]
 
-    op = jaxbind.get_nonlinear_call(product_any, (product_any, product_any), forward_abstract, abstract_reverse,
-                                    func_can_batch=self_batched)
-    loss = lambda a, b: jnp.sum(jax.vmap(lambda a, b: op(a, b)[0])(a, b))  # noqa: E731
+    op = jaxbind.get_nonlinear_call(
+        product_any, (product_any, product_any), forward_abstract, abstract_reverse, func_can_batch=self_batched
+    )
+    loss = lambda a, b: jnp.sum(jax.vmap(lambda a, b: op(a, b)[0])(a, b))
     with pytest.raises(ValueError, match=rf"declares {declared} output\(s\).*2 linear argument\(s\)"):
         jax.grad(loss, argnums=1)(jnp.ones((2, 3)), jnp.ones((2, 3)))
 
@@ -388,9 +409,11 @@ def test_a_batch_of_outputs_larger_than_memory_fails_before_xla_sees_it():
 # Callbacks that are not f(out, args, kwargs_dump); outputs of another shape than the abstract's
 # ---------------------------------------------------------------------------
 
-FORM = (r".*jaxbind calls a callback as f\(out, args, kwargs_dump\), with 3 positional arguments: it writes "
-        r"its results into the arrays of `out`.*jaxbind\.pure_callback\(f, result_shape_dtypes, \*args\) "
-        r"takes\.")
+FORM = (
+    r".*jaxbind calls a callback as f\(out, args, kwargs_dump\), with 3 positional arguments: it writes "
+    r"its results into the arrays of `out`.*jaxbind\.pure_callback\(f, result_shape_dtypes, \*args\) "
+    r"takes\."
+)
 
 
 def one_argument(x):
@@ -406,23 +429,41 @@ PLACES = {
     "nonlinear f": (lambda bad: jaxbind.get_nonlinear_call(bad, None, same_shape, None, name="e"), "f"),
     "linear f": (lambda bad: jaxbind.get_linear_call(bad, ident, same_shape, same_shape, name="e"), "f"),
     "f_T": (lambda bad: jaxbind.get_linear_call(ident, bad, same_shape, same_shape, name="e"), "f_T"),
-    "f_T[1]": (lambda bad: jaxbind.get_linear_call(ident, (ident, bad), same_shape, (same_shape, same_shape),
-                                                   name="e"), r"f_T\[1\]"),
-    "f_jvp": (lambda bad: jaxbind.get_nonlinear_call(ident, (bad, ident), same_shape, same_shape, name="e"),
-              r"f_jvp \(f_derivative\[0\]\)"),
-    "f_vjp": (lambda bad: jaxbind.get_nonlinear_call(ident, (ident, bad), same_shape, same_shape, name="e"),
-              r"f_vjp \(f_derivative\[1\]\)"),
+    "f_T[1]": (
+        lambda bad: jaxbind.get_linear_call(ident, (ident, bad), same_shape, (same_shape, same_shape), name="e"),
+        r"f_T\[1\]",
+    ),
+    "f_jvp": (
+        lambda bad: jaxbind.get_nonlinear_call(ident, (bad, ident), same_shape, same_shape, name="e"),
+        r"f_jvp \(f_derivative\[0\]\)",
+    ),
+    "f_vjp": (
+        lambda bad: jaxbind.get_nonlinear_call(ident, (ident, bad), same_shape, same_shape, name="e"),
+        r"f_vjp \(f_derivative\[1\]\)",
+    ),
 }
 NOT_CALLBACKS = {  # a callable that provably cannot be f(out, args, kwargs_dump), and why
-    "np.sin": (np.sin, r"it is a NumPy ufunc of 1 input\(s\) and 1 output\(s\), which takes from 1 to 2 "
-                       r"positional arguments, not 3"),
-    "f(x)": (one_argument, r"its signature is \(x\), and a call with 3 positional arguments fails \(too many "
-                           r"positional arguments\)"),
+    "np.sin": (
+        np.sin,
+        r"it is a NumPy ufunc of 1 input\(s\) and 1 output\(s\), which takes from 1 to 2 "
+        r"positional arguments, not 3",
+    ),
+    "f(x)": (
+        one_argument,
+        r"its signature is \(x\), and a call with 3 positional arguments fails \(too many "
+        r"positional arguments\)",
+    ),
     # (Python 3.13 says "a required keyword-only argument")
-    "keyword-only": (keyword_only, r"its signature is \(out, args, kwargs_dump, \*, mode\), and a call with 3 "
-                                   r"positional arguments fails \(missing a required (keyword-only )?argument: 'mode'\)"),
-    "lambda x, y": (lambda x, y: x, r"its signature is \(x, y\), and a call with 3 positional arguments fails "
-                                    r"\(too many positional arguments\)"),
+    "keyword-only": (
+        keyword_only,
+        r"its signature is \(out, args, kwargs_dump, \*, mode\), and a call with 3 "
+        r"positional arguments fails \(missing a required (keyword-only )?argument: 'mode'\)",
+    ),
+    "lambda x, y": (
+        lambda x, y: x,
+        r"its signature is \(x, y\), and a call with 3 positional arguments fails "
+        r"\(too many positional arguments\)",
+    ),
 }
 
 
@@ -432,8 +473,11 @@ def test_a_callback_that_cannot_take_its_three_arguments_is_refused_when_the_op_
     make, what = PLACES[place]
     callback, why = NOT_CALLBACKS[bad]
     name = callback.__name__
-    with pytest.raises(TypeError, match=rf"^jaxbind op 'e': {what} \('{re.escape(name)}'\) cannot be called as "
-                                        rf"a callback, f\(out, args, kwargs_dump\): {why}\. " + FORM + "$"):
+    with pytest.raises(
+        TypeError,
+        match=rf"^jaxbind op 'e': {what} \('{re.escape(name)}'\) cannot be called as "
+        rf"a callback, f\(out, args, kwargs_dump\): {why}\. " + FORM + "$",
+    ):
         make(callback)
 
 
@@ -451,8 +495,14 @@ def test_callbacks_that_can_or_might_take_three_arguments_are_accepted():
         def call(self, out, args, kwargs_dump):
             out[0][...] = 2 * args[0]
 
-    accepted = [lambda *a: ident(*a), functools.partial(lambda scale, out, args, kd: ident(out, args, kd), 2),
-                Bound().call, np.add, Unreadable(), lambda out, args, kwargs_dump, extra=None: None]
+    accepted = [
+        lambda *a: ident(*a),
+        functools.partial(lambda scale, out, args, kd: ident(out, args, kd), 2),
+        Bound().call,
+        np.add,
+        Unreadable(),
+        lambda out, args, kwargs_dump, extra=None: None,
+    ]
     for callback in accepted:
         jaxbind.get_nonlinear_call(callback, None, same_shape, None, name="accepted")
     op = jaxbind.get_nonlinear_call(Bound().call, None, same_shape, None)
@@ -461,10 +511,14 @@ def test_callbacks_that_can_or_might_take_three_arguments_are_accepted():
 
 def test_the_check_takes_the_number_of_arguments_a_callback_gets():
     from jaxbind._arguments import as_callback
+
     four = ("out", "args", "kwargs_dump", "state")
     assert as_callback(lambda out, args, kwargs_dump, state: None, "f", "e", four) is not None
-    with pytest.raises(TypeError, match=r"cannot be called as a callback, f\(out, args, kwargs_dump, state\): "
-                                        r".*with 4 positional arguments"):
+    with pytest.raises(
+        TypeError,
+        match=r"cannot be called as a callback, f\(out, args, kwargs_dump, state\): "
+        r".*with 4 positional arguments",
+    ):
         as_callback(ident, "f", "e", four)
 
 
@@ -474,8 +528,10 @@ def test_a_callback_that_fails_to_take_its_arguments_says_what_a_callback_is():
     with pytest.raises(jax.errors.JaxRuntimeError) as info:
         jax.grad(lambda x: jnp.sum(op(x)[0]))(jnp.ones(3))
     lines = str(info.value).splitlines()
-    assert lines[0] == ("INTERNAL: jaxbind op 'unreadable' (transpose callback 'Unreadable'): the callback raised "
-                        "TypeError: Unreadable.__call__() takes 2 positional arguments but 4 were given")
+    assert lines[0] == (
+        "INTERNAL: jaxbind op 'unreadable' (transpose callback 'Unreadable'): the callback raised "
+        "TypeError: Unreadable.__call__() takes 2 positional arguments but 4 were given"
+    )
     assert re.match(r"^\(The callback could not be called with jaxbind's arguments\. " + FORM + r"\)$", lines[1])
 
     def calls_wrongly(out, args, kwargs_dump):  # a TypeError about arguments from its own code
@@ -500,16 +556,23 @@ def declares_one_too_many(A, x):  # output 1's length taken from the wrong axis
 def test_an_output_of_another_shape_than_declared_names_the_output_and_both_shapes(how):
     op = jaxbind.get_nonlinear_call(matvec, None, declares_one_too_many, None, name="mv")
     A, x = jnp.ones((3, 2)), jnp.ones(2)
-    run = {"eager": lambda: op(A, x), "jit": lambda: jax.jit(op)(A, x),
-           "vmap": lambda: jax.vmap(op, in_axes=(None, 0))(A, jnp.ones((5, 2)))}[how]
+    run = {
+        "eager": lambda: op(A, x),
+        "jit": lambda: jax.jit(op)(A, x),
+        "vmap": lambda: jax.vmap(op, in_axes=(None, 0))(A, jnp.ones((5, 2))),
+    }[how]
     with pytest.raises(jax.errors.JaxRuntimeError) as info:
         jax.block_until_ready(run())
     lines = str(info.value).splitlines()
-    assert lines[0] == ("INTERNAL: jaxbind op 'mv': the callback raised ValueError: could not broadcast input "
-                        "array from shape (3,) into shape (4,)")
-    assert lines[1] == ("(The callback wrote an array of shape (3,) into output 1, which the abstract declares "
-                        "with shape (4,) and dtype float32: check that the abstract declares the shape the "
-                        "callback computes.)")
+    assert lines[0] == (
+        "INTERNAL: jaxbind op 'mv': the callback raised ValueError: could not broadcast input "
+        "array from shape (3,) into shape (4,)"
+    )
+    assert lines[1] == (
+        "(The callback wrote an array of shape (3,) into output 1, which the abstract declares "
+        "with shape (4,) and dtype float32: check that the abstract declares the shape the "
+        "callback computes.)"
+    )
 
 
 def test_a_ufunc_writing_into_an_output_of_another_shape_names_it_as_likely():
@@ -522,7 +585,8 @@ def test_a_ufunc_writing_into_an_output_of_another_shape_names_it_as_likely():
     assert str(info.value).splitlines()[1] == (
         "(If the last of these arrays is output 0, which the abstract declares with shape (4,) and dtype "
         "float64, the callback computed shape (3,) for it: check that the abstract declares the shape the "
-        "callback computes.)")
+        "callback computes.)"
+    )
 
 
 def test_a_broadcast_error_of_the_callbacks_own_arrays_gets_no_hint():

@@ -1,16 +1,16 @@
 """inplace=: outputs that are arguments updated in place, against jax.numpy."""
 
+import _kernels
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import _kernels
-import jaxbind
 from _shared import checking_unwritten
 
+import jaxbind
+
 LIB = _kernels.load()
-same = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
+same = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)
 shared = []  # whether out[0] and args[j] were one memory, call by call
 
 
@@ -80,8 +80,9 @@ def test_grad_jvp_and_the_forward_call_stay_in_place():
 
 @pytest.mark.parametrize("method", ["sequential", "expand_dims", "broadcast_all"])
 def test_vmap_walks_and_whole_batches(method):
-    batched = jaxbind.get_nonlinear_call(relax, None, same, None, inplace={0: 0}, vmap_method=method,
-                                         name=f"relax_{method}")
+    batched = jaxbind.get_nonlinear_call(
+        relax, None, same, None, inplace={0: 0}, vmap_method=method, name=f"relax_{method}"
+    )
     x = jnp.arange(24.0).reshape(2, 3, 4)
     np.testing.assert_allclose(jax.jit(jax.vmap(lambda v: batched(v)[0]))(x), relax_ref(x))
     np.testing.assert_allclose(jax.jit(jax.vmap(jax.vmap(lambda v: batched(v)[0])))(x), relax_ref(x))
@@ -135,8 +136,7 @@ def test_two_outputs_of_which_one_is_in_place():
         out[1][...] = np.sum(args[0])
         out[0][...] += 1.0
 
-    both = jaxbind.get_nonlinear_call(
-        step, None, lambda u: ((u.shape, u.dtype), ((), u.dtype)), None, inplace={0: 0})
+    both = jaxbind.get_nonlinear_call(step, None, lambda u: ((u.shape, u.dtype), ((), u.dtype)), None, inplace={0: 0})
     x = jnp.arange(5.0)
     u, s = jax.jit(lambda v: tuple(both(v)))(x)
     np.testing.assert_allclose(u, x + 1)
@@ -144,20 +144,22 @@ def test_two_outputs_of_which_one_is_in_place():
 
 
 def test_native_and_numba_kernels_in_place():
-    numba = pytest.importorskip("numba")  # noqa: F841
+    pytest.importorskip("numba")
     c_op = jaxbind.get_linear_call(LIB.jb_scale, LIB.jb_scale, same, same, inplace={0: 0})
 
     def nb_scale(out, args, kwargs):  # reads each element before writing it: right in place or not
         for i in range(out[0].size):
             out[0].flat[i] = 2.0 * args[0].flat[i]
 
-    nb_op = jaxbind.get_linear_call(jaxbind.numba_kernel(nb_scale), jaxbind.numba_kernel(nb_scale), same, same,
-                                    inplace={0: 0})
+    nb_op = jaxbind.get_linear_call(
+        jaxbind.numba_kernel(nb_scale), jaxbind.numba_kernel(nb_scale), same, same, inplace={0: 0}
+    )
     x = jnp.linspace(0.0, 1.0, 6)
     for kernel_op in (c_op, nb_op):
         np.testing.assert_allclose(jax.jit(lambda v: kernel_op(v, factor=2.0)[0])(x), 2 * x)
-        np.testing.assert_allclose(jax.jit(jax.vmap(lambda v: kernel_op(v, factor=2.0)[0]))(x.reshape(2, 3)),
-                                   2 * x.reshape(2, 3))
+        np.testing.assert_allclose(
+            jax.jit(jax.vmap(lambda v: kernel_op(v, factor=2.0)[0]))(x.reshape(2, 3)), 2 * x.reshape(2, 3)
+        )
         loop = jax.jit(lambda v: jax.lax.fori_loop(0, 10, lambda i, c: kernel_op(c, factor=2.0)[0], v))
         np.testing.assert_allclose(loop(x), 1024 * x)
         np.testing.assert_allclose(jax.grad(lambda v: jnp.sum(kernel_op(v, factor=2.0)[0]))(x), 2 * np.ones(6))
@@ -174,23 +176,29 @@ def test_the_checking_mode_accepts_elements_left_as_they_were():
         np.testing.assert_allclose(jax.jit(lambda v: partial(v)[0])(x), [0, 0, 0, 3, 4, 5])
 
 
-@pytest.mark.parametrize("inplace, error, match", [
-    ([0, 0], TypeError, "inplace must be a dict"),
-    ({0: -1}, ValueError, "argument index must be a non-negative integer"),
-    ({"a": 0}, ValueError, "output index must be a non-negative integer"),
-    ({0: 0, 1: 0}, ValueError, r"inplace puts outputs \[0, 1\] on argument 0"),
-])
+@pytest.mark.parametrize(
+    "inplace, error, match",
+    [
+        ([0, 0], TypeError, "inplace must be a dict"),
+        ({0: -1}, ValueError, "argument index must be a non-negative integer"),
+        ({"a": 0}, ValueError, "output index must be a non-negative integer"),
+        ({0: 0, 1: 0}, ValueError, r"inplace puts outputs \[0, 1\] on argument 0"),
+    ],
+)
 def test_bad_mappings_are_refused_when_the_op_is_made(inplace, error, match):
     with pytest.raises(error, match=match):
         jaxbind.get_nonlinear_call(relax, None, same, None, inplace=inplace)
 
 
-@pytest.mark.parametrize("inplace, abstract, match", [
-    ({1: 0}, same, r"op 'relax': inplace maps output 1 to argument 0, but its abstract declares 1 output"),
-    ({0: 3}, same, r"inplace maps output 0 to argument 3, but the op was called with 1 argument"),
-    ({0: 0}, lambda u: (((2,), u.dtype),), r"the output is float64\[2\] and the argument float64\[5\]"),
-    ({0: 0}, lambda u: ((u.shape, np.float32),), r"the output is float32\[5\] and the argument float64\[5\]"),
-])
+@pytest.mark.parametrize(
+    "inplace, abstract, match",
+    [
+        ({1: 0}, same, r"op 'relax': inplace maps output 1 to argument 0, but its abstract declares 1 output"),
+        ({0: 3}, same, r"inplace maps output 0 to argument 3, but the op was called with 1 argument"),
+        ({0: 0}, lambda u: (((2,), u.dtype),), r"the output is float64\[2\] and the argument float64\[5\]"),
+        ({0: 0}, lambda u: ((u.shape, np.float32),), r"the output is float32\[5\] and the argument float64\[5\]"),
+    ],
+)
 def test_bad_mappings_are_refused_at_the_first_call(inplace, abstract, match):
     bad = jaxbind.get_nonlinear_call(relax, None, abstract, None, inplace=inplace)
     for call in (lambda v: bad(v), jax.jit(lambda v: bad(v))):
@@ -203,8 +211,13 @@ def test_self_batching_must_keep_the_arguments_axis():
         out[0][...] *= 3.0
 
     moved = jaxbind.get_nonlinear_call(
-        scale_rows, None, lambda u, batch_axes=None: ((u.shape, u.dtype, 1) if batch_axes else (u.shape, u.dtype),),
-        None, func_can_batch=True, inplace={0: 0})
+        scale_rows,
+        None,
+        lambda u, batch_axes=None: ((u.shape, u.dtype, 1) if batch_axes else (u.shape, u.dtype),),
+        None,
+        func_can_batch=True,
+        inplace={0: 0},
+    )
     with pytest.raises(ValueError, match="puts the output's batch axis at 1 and the argument's is at 0"):
         jax.vmap(lambda v: moved(v)[0])(jnp.ones((3, 3)))
 
@@ -212,7 +225,7 @@ def test_self_batching_must_keep_the_arguments_axis():
 def test_programs_name_the_mapping():
     # Two ops alike but for inplace are different ops to a program made elsewhere.
     from jaxbind import _sites
+
     plain = jaxbind.get_nonlinear_call(relax, None, same, None, name="relax_plain")
     assert "inplace" not in _sites._structure(plain.definition)
     assert _sites._structure(op.definition)["inplace"] == [[0, 0]]
-

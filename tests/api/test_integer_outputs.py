@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import CALLS
 
 import jaxbind
-from _shared import CALLS
 
 # The callbacks below record their calls in _shared.CALLS, emptied around each test (the calls fixture).
 pytestmark = pytest.mark.usefixtures("calls")
@@ -59,8 +59,7 @@ def sqrt_counted_abstract_reverse(c, x_ct):
 
 
 sqrt_op = jaxbind.get_nonlinear_call(
-    sqrt_counted, (sqrt_counted_jvp, sqrt_counted_vjp), sqrt_counted_abstract,
-    sqrt_counted_abstract_reverse, name="f",
+    sqrt_counted, (sqrt_counted_jvp, sqrt_counted_vjp), sqrt_counted_abstract, sqrt_counted_abstract_reverse, name="f"
 )
 
 
@@ -72,7 +71,7 @@ def c(rng):
 def test_grad_through_a_solver_with_an_int32_count(c):
     # Used to raise: "jaxbind op 'f' (vjp callback 'f_vjp'): argument 2 has dtype
     # [('float0', 'V')], which jaxbind cannot pass to a callback."
-    loss = lambda c: jnp.sum(jnp.sin(sqrt_op(c)[0]))  # noqa: E731
+    loss = lambda c: jnp.sum(jnp.sin(sqrt_op(c)[0]))
     got = jax.grad(loss)(c)
     want = jax.grad(lambda c: jnp.sum(jnp.sin(jnp.sqrt(c))))(c)
     np.testing.assert_allclose(got, want, rtol=1e-12)
@@ -82,7 +81,7 @@ def test_grad_through_a_solver_with_an_int32_count(c):
 
 
 def test_grad_of_a_loss_that_uses_the_count(c):
-    loss = lambda c: jnp.sum(sqrt_op(c)[0]) * sqrt_op(c)[1]  # noqa: E731
+    loss = lambda c: jnp.sum(sqrt_op(c)[0]) * sqrt_op(c)[1]
     evaluations = sqrt_op(c)[1]
     assert evaluations.dtype == np.int32 and evaluations > 0
     np.testing.assert_allclose(jax.grad(loss)(c), evaluations / (2 * np.sqrt(c)), rtol=1e-12)
@@ -109,9 +108,12 @@ def test_jacobians_and_vmap(c, rng):
     (c_ct,) = pullback([jnp.ones(5), np.zeros((), float0), np.zeros((5,), float0)])
     np.testing.assert_allclose(c_ct, 1 / (2 * np.sqrt(c)), rtol=1e-12)
     cs = rng.uniform(0.5, 4.0, (3, 5))
-    loss = lambda c: jnp.sum(jnp.sin(sqrt_op(c)[0]))  # noqa: E731
-    np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(loss)))(cs),
-                               jax.vmap(jax.grad(lambda c: jnp.sum(jnp.sin(jnp.sqrt(c)))))(cs), rtol=1e-12)
+    loss = lambda c: jnp.sum(jnp.sin(sqrt_op(c)[0]))
+    np.testing.assert_allclose(
+        jax.jit(jax.vmap(jax.grad(loss)))(cs),
+        jax.vmap(jax.grad(lambda c: jnp.sum(jnp.sin(jnp.sqrt(c)))))(cs),
+        rtol=1e-12,
+    )
     dcs = rng.standard_normal((3, 5))
     tangents = jax.jvp(jax.vmap(sqrt_op), (cs,), (dcs,))[1]
     np.testing.assert_allclose(tangents[0], dcs / (2 * np.sqrt(cs)), rtol=1e-12)
@@ -125,8 +127,9 @@ def test_only_integer_outputs_call_no_derivative():
     def never(out, args, kwargs_dump):
         raise AssertionError("a derivative callback ran for an op with integer outputs only")
 
-    op = jaxbind.get_nonlinear_call(floor_count, (never, never), lambda x, *t: ((x.shape, np.int64),),
-                                    lambda x, ct: ((x.shape, x.dtype),))
+    op = jaxbind.get_nonlinear_call(
+        floor_count, (never, never), lambda x, *t: ((x.shape, np.int64),), lambda x, ct: ((x.shape, x.dtype),)
+    )
     x = jnp.array([0.5, 1.5, 2.5])
     assert float(jax.grad(lambda x: jnp.sum(x) + jnp.sum(op(x)[0]).astype(float))(x)[0]) == 1.0
     assert jax.jvp(op, (x,), (x,))[1][0].dtype == jax.dtypes.float0
@@ -147,12 +150,16 @@ def test_complex_outputs_are_differentiable(rng):
         out[0][...] = np.real(1j * np.exp(1j * x) * ct)
 
     op = jaxbind.get_nonlinear_call(
-        rotate, (rotate_jvp, rotate_vjp), lambda x, *t: ((x.shape, np.complex128), ((), np.int16)),
-        lambda x, ct: ((x.shape, x.dtype),))
+        rotate,
+        (rotate_jvp, rotate_vjp),
+        lambda x, *t: ((x.shape, np.complex128), ((), np.int16)),
+        lambda x, ct: ((x.shape, x.dtype),),
+    )
     x = rng.standard_normal(4)
-    loss = lambda x: jnp.sum(jnp.real(op(x)[0]) ** 2 + jnp.imag(op(x)[0]))  # noqa: E731
-    np.testing.assert_allclose(jax.grad(loss)(x),
-                               jax.grad(lambda x: jnp.sum(jnp.cos(x) ** 2 + jnp.sin(x)))(x), rtol=1e-12)
+    loss = lambda x: jnp.sum(jnp.real(op(x)[0]) ** 2 + jnp.imag(op(x)[0]))
+    np.testing.assert_allclose(
+        jax.grad(loss)(x), jax.grad(lambda x: jnp.sum(jnp.cos(x) ** 2 + jnp.sin(x)))(x), rtol=1e-12
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -173,13 +180,16 @@ def scale_and_count_T(out, args, kwargs_dump):
 
 
 linear_op = jaxbind.get_linear_call(
-    scale_and_count, scale_and_count_T, lambda x: ((x.shape, x.dtype), ((), np.int32)),
-    lambda y_ct, count_ct: ((y_ct.shape, y_ct.dtype),))
+    scale_and_count,
+    scale_and_count_T,
+    lambda x: ((x.shape, x.dtype), ((), np.int32)),
+    lambda y_ct, count_ct: ((y_ct.shape, y_ct.dtype),),
+)
 
 
 def test_linear_op_with_an_int_output(rng):
     x = rng.standard_normal(4)
-    loss = lambda x: jnp.sum(jnp.sin(linear_op(x)[0]))  # noqa: E731
+    loss = lambda x: jnp.sum(jnp.sin(linear_op(x)[0]))
     want = 3 * jnp.cos(3 * x)
     np.testing.assert_allclose(jax.grad(loss)(x), want, rtol=1e-12)
     np.testing.assert_allclose(jax.jit(jax.grad(loss))(x), want, rtol=1e-12)
@@ -208,10 +218,13 @@ def test_multilinear_op_with_a_bool_output(rng):
         out[0][...] = a * y_ct
 
     op = jaxbind.get_linear_call(
-        product, (product_T0, product_T1), lambda a, b: ((a.shape, a.dtype), ((), np.bool_)),
-        (lambda b, y, f: ((b.shape, b.dtype),), lambda a, y, f: ((a.shape, a.dtype),)))
+        product,
+        (product_T0, product_T1),
+        lambda a, b: ((a.shape, a.dtype), ((), np.bool_)),
+        (lambda b, y, f: ((b.shape, b.dtype),), lambda a, y, f: ((a.shape, a.dtype),)),
+    )
     a, b = rng.standard_normal(4), rng.standard_normal(4)
-    loss = lambda a, b: jnp.sum(jnp.sin(op(a, b)[0]))  # noqa: E731
+    loss = lambda a, b: jnp.sum(jnp.sin(op(a, b)[0]))
     got = jax.grad(loss, argnums=(0, 1))(a, b)
     want = jax.grad(lambda a, b: jnp.sum(jnp.sin(a * b)), argnums=(0, 1))(a, b)
     for g, w in zip(got, want):

@@ -69,7 +69,7 @@ def test_an_array_kwarg_is_not_kept_besides_its_serialized_bytes():
     # key and its pickle in the compiled call site).
     weights = np.linspace(0.0, 1.0, 1000)
     alive = weakref.ref(weights)
-    y = jax.jit(lambda x: op(x, weights=weights)[0])(jnp.ones(1))
+    y = jax.jit(lambda x: op(x, weights=weights)[0])(jnp.ones(1))  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
     np.testing.assert_array_equal(y, np.linspace(0.0, 1.0, 1000))
     np.testing.assert_array_equal(op(jnp.ones(1), weights=weights)[0], np.linspace(0.0, 1.0, 1000))
     del weights
@@ -98,14 +98,23 @@ def test_kwargs_holding_sets_pickle_to_the_same_bytes_in_every_process(tmp_path)
     for seed in ("1", "2", "3", "4"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
         # (from elsewhere: in the repository the source folder jaxbind/ would shadow the installed package)
-        result = subprocess.run([sys.executable, "-c", _DUMP_IN_A_FRESH_PROCESS], env=env, cwd=tmp_path,
-                                capture_output=True, text=True, timeout=120, check=True)
+        result = subprocess.run(
+            [sys.executable, "-c", _DUMP_IN_A_FRESH_PROCESS],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
         dumps.add(result.stdout)
     assert len(dumps) == 1
     values = Kwargs.from_dump(bytes.fromhex(dumps.pop()))
-    assert values.values == {"frozen": frozenset({("x", 1), ("y", 2), ("z", frozenset({"p", "q", "r"}))}),
-                             "names": {"alpha", "beta", "gamma", "delta", "epsilon"},
-                             "nested": [{"u", "v", "w"}, {"k": {"s", "t"}}]}
+    assert values.values == {
+        "frozen": frozenset({("x", 1), ("y", 2), ("z", frozenset({"p", "q", "r"}))}),
+        "names": {"alpha", "beta", "gamma", "delta", "epsilon"},
+        "nested": [{"u", "v", "w"}, {"k": {"s", "t"}}],
+    }
 
 
 def test_equal_sets_built_in_different_orders_are_one_kwargs_value():

@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import squared_norm, two_dtypes
 
 import jaxbind
-from _shared import squared_norm, two_dtypes
 
 # ---------------------------------------------------------------------------
 # The ops
@@ -44,9 +44,7 @@ def matvec_T_abstract(A, y_ct):
     return (((A.shape[1],), np.result_type(A.dtype, y_ct.dtype)),)
 
 
-matvec_op = jaxbind.get_linear_call(
-    matvec, matvec_T, matvec_abstract, matvec_T_abstract, first_n_args_fixed=1
-)
+matvec_op = jaxbind.get_linear_call(matvec, matvec_T, matvec_abstract, matvec_T_abstract, first_n_args_fixed=1)
 
 
 def apply_matvec(A, x):

@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import squared_norm, two_dtypes
 
 import jaxbind
-from _shared import squared_norm, two_dtypes
 
 # ---------------------------------------------------------------------------
 # The ops
@@ -44,10 +44,7 @@ def elementwise_abstract(a, b):
 
 
 multiply_op = jaxbind.get_linear_call(
-    multiply,
-    (multiply_T_x, multiply_T_y),
-    elementwise_abstract,
-    (elementwise_abstract, elementwise_abstract),
+    multiply, (multiply_T_x, multiply_T_y), elementwise_abstract, (elementwise_abstract, elementwise_abstract)
 )
 
 
@@ -83,10 +80,7 @@ def matmul_T_Y_abstract(X, Z_ct):
 
 
 matmul_op = jaxbind.get_linear_call(
-    matmul,
-    (matmul_T_X, matmul_T_Y),
-    matmul_abstract,
-    (matmul_T_X_abstract, matmul_T_Y_abstract),
+    matmul, (matmul_T_X, matmul_T_Y), matmul_abstract, (matmul_T_X_abstract, matmul_T_Y_abstract)
 )
 
 
@@ -359,9 +353,7 @@ def test_bilinear_form_check_grads(M_x_y, check_grads):
 @two_dtypes
 def test_bilinear_form_hessian(M_x_y, dtype, tol):
     M, x, y = M_x_y
-    hessian = jax.hessian(
-        lambda x, y: apply_bilinear_form(M, x, y), argnums=(0, 1), holomorphic=dtype.kind == "c"
-    )
+    hessian = jax.hessian(lambda x, y: apply_bilinear_form(M, x, y), argnums=(0, 1), holomorphic=dtype.kind == "c")
     ((hxx, hxy), (hyx, hyy)) = jax.jit(hessian)(x, y)
     np.testing.assert_allclose(hxx, np.zeros((3, 3)), **tol)
     np.testing.assert_allclose(hxy, M, **tol)

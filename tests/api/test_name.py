@@ -6,7 +6,6 @@ apart. The name is part of the op's identity: ops that differ only in name are
 different ops, so each error and each program carries its own op's name.
 """
 
-
 import re
 
 import jax
@@ -99,8 +98,11 @@ def test_name_in_lowered_and_compiled_programs():
 
 def test_name_in_a_callback_error():
     op = jaxbind.get_nonlinear_call(fail, (sin_jvp, sin_vjp), like_last, like_last, name="newton_solve")
-    with pytest.raises(RuntimeError, match=r"jaxbind op 'newton_solve': the callback raised ArithmeticError: "
-                                           r"no convergence"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"jaxbind op 'newton_solve': the callback raised ArithmeticError: "
+        r"no convergence",
+    ):
         jax.block_until_ready(jax.jit(lambda v: op(v)[0])(np.ones(3)))
 
 
@@ -108,10 +110,14 @@ def test_name_in_trace_time_errors():
     op = linear_op(2.0, name="double")
     with pytest.raises(TypeError, match=r"jaxbind op 'double': argument 0 is a str"):
         op("x")
-    matrices_only = jaxbind.get_linear_call(scaled_by(2.0), scaled_by(2.0), matrix_abstract, matrix_abstract,
-                                            name="matrix_double")
-    with pytest.raises(jaxbind.JaxbindError, match=r"jaxbind op 'matrix_double': its abstract function raised "
-                                                   r"ValueError: expected a matrix"):
+    matrices_only = jaxbind.get_linear_call(
+        scaled_by(2.0), scaled_by(2.0), matrix_abstract, matrix_abstract, name="matrix_double"
+    )
+    with pytest.raises(
+        jaxbind.JaxbindError,
+        match=r"jaxbind op 'matrix_double': its abstract function raised "
+        r"ValueError: expected a matrix",
+    ):
         matrices_only(np.ones(3))
     nonlinear = jaxbind.get_nonlinear_call(sine, (sin_jvp, sin_vjp), like_last, like_last, name="my_sine")
     with pytest.raises(ValueError, match=r"jaxbind op 'my_sine': second-order derivatives"):
@@ -162,9 +168,9 @@ def test_native_kernel_op_takes_a_name(kernels):
     assert 'jaxbind_op = "native_scale"' in jax.jit(lambda v: op(v, factor=4.0)[0]).lower(x).as_text()
 
 
-@pytest.mark.parametrize("name, error", [
-    ("", ValueError), ("   ", ValueError), (3, TypeError), (b"bytes", TypeError), (["a"], TypeError),
-])
+@pytest.mark.parametrize(
+    "name, error", [("", ValueError), ("   ", ValueError), (3, TypeError), (b"bytes", TypeError), (["a"], TypeError)]
+)
 def test_bad_name(name, error):
     scale = scaled_by(2.0)
     with pytest.raises(error, match=r"jaxbind op 'scale': name must be a non-empty string"):

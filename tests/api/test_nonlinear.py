@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import squared_norm, two_dtypes
 
 import jaxbind
-from _shared import squared_norm, two_dtypes
 
 # ---------------------------------------------------------------------------
 # The ops
@@ -50,11 +50,7 @@ def sin_exp_abstract_reverse(a, x, y_ct):
 
 
 sin_exp_op = jaxbind.get_nonlinear_call(
-    sin_exp,
-    (sin_exp_jvp, sin_exp_vjp),
-    sin_exp_abstract,
-    sin_exp_abstract_reverse,
-    first_n_args_fixed=1,
+    sin_exp, (sin_exp_jvp, sin_exp_vjp), sin_exp_abstract, sin_exp_abstract_reverse, first_n_args_fixed=1
 )
 
 

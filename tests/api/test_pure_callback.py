@@ -1,6 +1,5 @@
 """jaxbind.pure_callback against jax.pure_callback on the same callbacks."""
 
-import functools
 import gc
 import os
 import subprocess
@@ -8,12 +7,12 @@ import sys
 import textwrap
 import weakref
 
+import _subprocesses
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import _subprocesses
 import jaxbind
 
 pc = jaxbind.pure_callback
@@ -41,8 +40,10 @@ def test_pytrees_and_kwargs_in_and_out():
         return {"sum": np.asarray(a + b * scale), "parts": (np.asarray(y).astype(np.int32), np.float32(2.5))}
 
     def call(api, x, y):
-        spec = {"sum": like(x), "parts": (jax.ShapeDtypeStruct(y.shape, np.int32),
-                                          jax.ShapeDtypeStruct((), np.float32))}
+        spec = {
+            "sum": like(x),
+            "parts": (jax.ShapeDtypeStruct(y.shape, np.int32), jax.ShapeDtypeStruct((), np.float32)),
+        }
         return api(cb, spec, (x, 2 * x), y, scale=x[0], extra={"n": y})
 
     x, y = jnp.linspace(1.0, 2.0, 5), jnp.arange(3.0)
@@ -51,8 +52,22 @@ def test_pytrees_and_kwargs_in_and_out():
     both(call, x, y)  # eagerly
 
 
-@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint16, np.int32, np.int64, np.float16,
-                                   jnp.bfloat16, np.float32, np.float64, np.complex64, np.complex128])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        np.bool_,
+        np.int8,
+        np.uint16,
+        np.int32,
+        np.int64,
+        np.float16,
+        jnp.bfloat16,
+        np.float32,
+        np.float64,
+        np.complex64,
+        np.complex128,
+    ],
+)
 @pytest.mark.parametrize("shape", [(), (0,), (2, 3)])
 def test_every_dtype_and_shape(dtype, shape):
     rng = np.random.default_rng(0)
@@ -123,8 +138,13 @@ def recorded_shapes(api, method, in_axes, x, y, levels):
         return (np.sin(a) + b).astype(np.result_type(a.dtype, b.dtype))
 
     def f(a, b):
-        return api(cb, jax.ShapeDtypeStruct(np.broadcast_shapes(a.shape, b.shape), jnp.result_type(a, b)),
-                   a, b, vmap_method=method)
+        return api(
+            cb,
+            jax.ShapeDtypeStruct(np.broadcast_shapes(a.shape, b.shape), jnp.result_type(a, b)),
+            a,
+            b,
+            vmap_method=method,
+        )
 
     for axes in [in_axes] * levels:
         f = jax.vmap(f, in_axes=axes)
@@ -155,8 +175,9 @@ def test_legacy_vectorized_passes_unmapped_arguments_as_they_are():
             shapes.append((a.shape, np.shape(b)))
             return np.sin(a) + b
 
-        f = jax.vmap(lambda a, b: api(cb, like(a), a, b, vmap_method="legacy_vectorized"), in_axes=(1, None),
-                     out_axes=1)
+        f = jax.vmap(
+            lambda a, b: api(cb, like(a), a, b, vmap_method="legacy_vectorized"), in_axes=(1, None), out_axes=1
+        )
         return jax.jit(f)(jnp.arange(4.0)[None], 4.0), shapes
 
     (got, got_shapes), (ref, ref_shapes) = run(pc), run(jax.pure_callback)
@@ -196,16 +217,17 @@ def test_under_custom_jvp_and_custom_vjp():
 
     @jax.custom_vjp
     def cube(x):
-        return pc(lambda v: v ** 3, like(x), x, vmap_method="sequential")
+        return pc(lambda v: v**3, like(x), x, vmap_method="sequential")
 
-    cube.defvjp(lambda x: (cube(x), x),
-                lambda x, g: (pc(lambda v, w: 3 * v ** 2 * w, like(x), x, g, vmap_method="sequential"),))
+    cube.defvjp(
+        lambda x: (cube(x), x), lambda x, g: (pc(lambda v, w: 3 * v**2 * w, like(x), x, g, vmap_method="sequential"),)
+    )
     x = jnp.linspace(0.1, 1.0, 4)
     np.testing.assert_allclose(jax.jit(jax.grad(lambda v: jnp.sum(sin(v))))(x), jnp.cos(x), rtol=1e-14)
     np.testing.assert_allclose(jax.jacfwd(sin)(x), jnp.diag(jnp.cos(x)), rtol=1e-14)
     np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(lambda v: sin(v))))(x), jnp.cos(x), rtol=1e-14)
-    np.testing.assert_allclose(jax.jit(jax.grad(lambda v: jnp.sum(cube(v))))(x), 3 * x ** 2, rtol=1e-14)
-    np.testing.assert_allclose(jax.vmap(jax.grad(lambda v: cube(v)))(x), 3 * x ** 2, rtol=1e-14)
+    np.testing.assert_allclose(jax.jit(jax.grad(lambda v: jnp.sum(cube(v))))(x), 3 * x**2, rtol=1e-14)
+    np.testing.assert_allclose(jax.vmap(jax.grad(lambda v: cube(v)))(x), 3 * x**2, rtol=1e-14)
     jax.test_util.check_grads(lambda v: jnp.sum(sin(v) * cube(v)), (x,), order=1, modes=("rev",))
 
 
@@ -213,15 +235,19 @@ def test_control_flow():
     x = jnp.arange(2.0)
 
     def in_cond(api, p, v):
-        return jax.lax.cond(p, lambda w: api(lambda a: a + 1.0, like(w), w),
-                            lambda w: api(lambda a: a - 1.0, like(w), w), v)
+        return jax.lax.cond(
+            p, lambda w: api(lambda a: a + 1.0, like(w), w), lambda w: api(lambda a: a - 1.0, like(w), w), v
+        )
 
     def in_scan(api, v):
         return jax.lax.scan(lambda c, _: (api(lambda a: a + 1.0, like(c), c), None), v, None, length=10)[0]
 
     def in_while(api, v):
-        return jax.lax.while_loop(lambda c: api(lambda a: np.any(a < 10), jax.ShapeDtypeStruct((), np.bool_), c),
-                                  lambda c: api(lambda a: a + 1.0, like(c), c), v)
+        return jax.lax.while_loop(
+            lambda c: api(lambda a: np.any(a < 10), jax.ShapeDtypeStruct((), np.bool_), c),
+            lambda c: api(lambda a: a + 1.0, like(c), c),
+            v,
+        )
 
     for p in (True, False):
         both(jax.jit(in_cond, static_argnums=0), p, x)
@@ -246,8 +272,10 @@ def test_errors_reach_the_caller_with_their_type_and_message():
         raise KeyError("the solver diverged")
 
     x = jnp.arange(3.0)
-    for call in (lambda: jax.jit(lambda v: pc(fails, like(v), v))(x).block_until_ready(),
-                 lambda: pc(fails, like(x), x)):
+    for call in (
+        lambda: jax.jit(lambda v: pc(fails, like(v), v))(x).block_until_ready(),
+        lambda: pc(fails, like(x), x),
+    ):
         with pytest.raises(Exception, match="KeyError: 'the solver diverged'|the solver diverged"):
             call()
     bad = {
@@ -264,8 +292,9 @@ def test_errors_reach_the_caller_with_their_type_and_message():
     x64 = jax.enable_x64 if hasattr(jax, "enable_x64") else jax.experimental.enable_x64
     with x64(False):
         y = jnp.arange(3.0, dtype=jnp.float32)
-        np.testing.assert_allclose(jax.jit(lambda v: pc(lambda a: np.asarray(a, np.float64) / 3, like(v), v))(y),
-                                   np.arange(3.0) / 3, rtol=1e-6)
+        np.testing.assert_allclose(
+            jax.jit(lambda v: pc(lambda a: np.asarray(a, np.float64) / 3, like(v), v))(y), np.arange(3.0) / 3, rtol=1e-6
+        )
 
 
 def test_a_kept_input_keeps_its_values():
@@ -291,7 +320,7 @@ def test_many_callbacks_made_and_dropped_are_freed():
         def cb(v, big=big):
             return v + big[0]
 
-        np.testing.assert_allclose(jax.jit(lambda v: pc(cb, like(v), v))(x), x + k)
+        np.testing.assert_allclose(jax.jit(lambda v: pc(cb, like(v), v))(x), x + k)  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
         np.testing.assert_allclose(pc(cb, like(x), x), x + k)
         del big, cb
     jax.clear_caches()
@@ -352,13 +381,21 @@ def test_sharded_jit_shard_map_and_pmap_as_jax_does():
     env = _subprocesses.environment()
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4".strip()
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (_shared.py)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(jaxbind.__file__)), tests,
-                                                      env.get("PYTHONPATH")]))
-    process = subprocess.Popen([sys.executable, "-c", SHARDED], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [os.path.dirname(os.path.dirname(jaxbind.__file__)), tests, env.get("PYTHONPATH")])
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", SHARDED],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
     ((out, err),) = _subprocesses.communicate_all([process], 300, "the sharded pure_callback script")
     assert process.returncode == 0, err[-4000:]
     import json
+
     results = json.loads(out.strip().splitlines()[-1])
     assert results["jaxbind"] == results["jax"]
     assert results["jaxbind"]["pinned_to_last"]
@@ -379,8 +416,8 @@ def test_a_bound_method_keeps_one_op_and_frees_its_object():
     ops = set()
     for _ in range(3):  # solver.apply is a new object each time: still one op
         np.testing.assert_allclose(pc(solver.apply, like(x), x), 3 * x)
-        np.testing.assert_allclose(jax.jit(lambda v: pc(solver.apply, like(v), v))(x), 3 * x)
-        ops.add(jax.make_jaxpr(lambda v: pc(solver.apply, like(v), v))(x).eqns[0].params["role"].op)
+        np.testing.assert_allclose(jax.jit(lambda v: pc(solver.apply, like(v), v))(x), 3 * x)  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
+        ops.add(jax.make_jaxpr(lambda v: pc(solver.apply, like(v), v))(x).eqns[0].params["role"].op)  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
     assert len(ops) == 1 and sorted(vars(solver)) == ["big", "k"]
     ref = weakref.ref(solver.big)
     del solver, ops

@@ -7,20 +7,18 @@ import functools
 import gc
 import json
 import logging
-import os
-import subprocess
 import sys
 import textwrap
 import threading
 import weakref
 
+import _subprocesses
 import jax
 import jax.export  # (jax < 0.6 does not import it with jax)
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import _subprocesses
 import jaxbind
 from jaxbind import _pure_callback
 
@@ -87,7 +85,7 @@ OWNERS = {
     "callable __slots__ instance": lambda k, big: CallableSlots(k, big),
     "bound method of a model refusing new attributes": lambda k, big: Strict(k, big).apply,
     "functools.partial": lambda k, big: functools.partial(scaled, k=k, big=big),
-    "closure": lambda k, big: (lambda v: v * k + 0 * big[0]),
+    "closure": lambda k, big: lambda v: v * k + 0 * big[0],
 }
 
 
@@ -100,7 +98,7 @@ def alive_after_use(api, make, n=6):
         big = np.full(2**17, float(k))
         refs.append(weakref.ref(big))
         cb = make(float(k), big)
-        np.testing.assert_allclose(jax.jit(lambda v: api(cb, like(v), v))(x), k * x)
+        np.testing.assert_allclose(jax.jit(lambda v: api(cb, like(v), v))(x), k * x)  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
         np.testing.assert_allclose(api(cb, like(x), x), k * x)
         del big, cb
     jax.clear_caches()
@@ -163,8 +161,9 @@ def test_one_op_per_callback_however_often_it_is_traced():
         # one made anew for the same callback is equal to it, so JAX's caches and the call sites hit
         made_again = _pure_callback._make_definition(again, one_array, None, None)
         assert made_again == definition and hash(made_again) == hash(definition)
-    assert _pure_callback._make_definition(Touchy(2.0).apply, one_array, None, None) != \
-        _pure_callback._make_definition(touchy.apply, one_array, None, None)
+    assert _pure_callback._make_definition(Touchy(2.0).apply, one_array, None, None) != _pure_callback._make_definition(
+        touchy.apply, one_array, None, None
+    )
     np.testing.assert_allclose(jax.jit(lambda v: pc(touchy.apply, like(v), v))(x), 2 * x)
 
 
@@ -191,8 +190,7 @@ def test_ops_are_found_from_many_threads_at_once():
 
     def trace():
         start.wait()
-        found.extend(id(_pure_callback._op_for(solver.apply, one_array, None, None).definition)
-                     for _ in range(200))
+        found.extend(id(_pure_callback._op_for(solver.apply, one_array, None, None).definition) for _ in range(200))
 
     threads = [threading.Thread(target=trace) for _ in range(4)]
     for t in threads:
@@ -251,19 +249,19 @@ def test_exporting_a_pure_callback_is_refused_whatever_ran_before():
     x = jnp.arange(3.0)
     with pytest.raises(NotImplementedError, match="serialization of host_callbacks is not yet implemented"):
         jax.export.export(jax.jit(lambda v: jax.pure_callback(np.sin, like(v), v)))(x).serialize()
-    for k in range(2):  # the second time another lambda of the same name has been traced
+    for _k in range(2):  # the second time another lambda of the same name has been traced
         jax.jit(lambda v: pc(lambda a: a * 2, like(v), v))(x)
         with pytest.raises(NotImplementedError) as info:
             jaxbind.export(jax.jit(lambda v: pc(lambda a: a + 1, like(v), v)))(x)
         message = str(info.value)
         assert "pure_callback(test_exporting_a_pure_callback_is_refused_whatever_ran_before.<locals>." in message
         assert "serialization of host_callbacks is not yet implemented" in message
-        assert 'jaxbind.get_nonlinear_call(' in message and 'name="' in message
+        assert "jaxbind.get_nonlinear_call(" in message and 'name="' in message
+
     def plus_one(out, args, kwargs_dump):
         np.add(args[0], 1, out=out[0])
 
-    op = jaxbind.get_nonlinear_call(plus_one, None, lambda v: ((v.shape, v.dtype),), None,
-                                    name="plus_one_exported")
+    op = jaxbind.get_nonlinear_call(plus_one, None, lambda v: ((v.shape, v.dtype),), None, name="plus_one_exported")
     exported = jaxbind.export(jax.jit(lambda v: op(v)[0]))(x)  # what the message advises works
     np.testing.assert_allclose(exported.call(x), x + 1)
 
@@ -357,12 +355,16 @@ def test_an_eager_call_fails_as_a_jitted_call_does():
         jax.jit(lambda v: pc(the_solver_diverges, like(v), v))(x).block_until_ready()
     for err in (eager.value, jitted.value):
         text = str(err)
-        assert text.startswith("INTERNAL: jaxbind op 'pure_callback(the_solver_diverges)': the callback "
-                               "raised ValueError: the solver diverged\nTraceback (most recent call last):")
+        assert text.startswith(
+            "INTERNAL: jaxbind op 'pure_callback(the_solver_diverges)': the callback "
+            "raised ValueError: the solver diverged\nTraceback (most recent call last):"
+        )
         assert 'in the_solver_diverges\n    raise ValueError("the solver diverged")' in text
     assert type(eager.value.__cause__) is ValueError and str(eager.value.__cause__) == "the solver diverged"
-    for cb, what in ((lambda v: np.ones(4), "Incorrect output shape for return value #0"),
-                     (lambda v: (v, v), "Mismatched number of outputs from callback")):
+    for cb, what in (
+        (lambda v: np.ones(4), "Incorrect output shape for return value #0"),
+        (lambda v: (v, v), "Mismatched number of outputs from callback"),
+    ):
         for api in APIS.values():
             with pytest.raises(jax.errors.JaxRuntimeError, match=what):
                 api(cb, like(x), x)
@@ -378,8 +380,7 @@ class EquinoxFilter(logging.Filter):
 def logged(api, cb, caplog):
     x = jnp.arange(3.0)
     records = []
-    for call in (lambda: jax.jit(lambda v: api(cb, like(v), v))(x).block_until_ready(),
-                 lambda: api(cb, like(x), x)):
+    for call in (lambda: jax.jit(lambda v: api(cb, like(v), v))(x).block_until_ready(), lambda: api(cb, like(x), x)):
         caplog.clear()
         with caplog.at_level(logging.WARNING):
             with pytest.raises(jax.errors.JaxRuntimeError):
@@ -392,7 +393,7 @@ def test_a_failing_callback_is_logged_as_jax_logs_it(caplog):
     ref = logged(jax.pure_callback, the_solver_diverges, caplog)
     assert ref == [[("jax._src.callback", "ERROR", "jax.pure_callback failed", True)]] * 2
     assert logged(pc, the_solver_diverges, caplog) == ref
-    wrong_shape = lambda v: np.ones(4)  # noqa: E731  (JAX's own check of the results: not logged so)
+    wrong_shape = lambda v: np.ones(4)
     assert logged(pc, wrong_shape, caplog) == logged(jax.pure_callback, wrong_shape, caplog)
     jax_logger = logging.getLogger("jax._src.callback")
     equinox = EquinoxFilter()
@@ -425,8 +426,9 @@ IN_FLIGHT = textwrap.dedent("""
 def test_a_program_queued_by_a_dropped_jit_still_finds_its_callback(tmp_path):
     env = _subprocesses.environment()
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4".strip()
-    code, out, err = _subprocesses.run([sys.executable, "-c", IN_FLIGHT], 300, "the in-flight script", env=env,
-                                       cwd=tmp_path)
+    code, out, err = _subprocesses.run(
+        [sys.executable, "-c", IN_FLIGHT], 300, "the in-flight script", env=env, cwd=tmp_path
+    )
     assert code == 0, err[-4000:]
     results = json.loads(out.strip().splitlines()[-1])
     assert results["jaxbind"] == results["jax"]

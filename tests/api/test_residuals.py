@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import CALLS
 
 import jaxbind
-from _shared import CALLS
 
 # The callbacks below record (callback name, [(shape, dtype) of each argument]) in _shared.CALLS, emptied
 # around each test (the calls fixture).
@@ -41,7 +41,7 @@ def newton(out, args, kwargs_dump):
     a, c = args
     x = np.cbrt(c)
     steps = 0
-    for steps in range(1, 100):
+    for steps in range(1, 100):  # noqa: B007  (the count of steps taken is read after the loop)
         step = (x**3 + a * x - c) / (3 * x**2 + a)
         x = x - step
         if np.all(np.abs(step) <= 1e-15 * (1 + np.abs(x))):
@@ -160,8 +160,8 @@ def test_vmap_of_grad(rng):
 def test_grad_of_vmap_and_jvp_of_vmap(rng):
     a = rng.uniform(0.5, 2.0, (4, 3))
     c = rng.uniform(-3.0, 3.0, (4, 3))
-    batched = lambda a, c: jnp.sum(jnp.sin(jax.vmap(root)(a, c)))  # noqa: E731
-    batched_ref = lambda a, c: jnp.sum(jnp.sin(jax.vmap(reference)(a, c)))  # noqa: E731
+    batched = lambda a, c: jnp.sum(jnp.sin(jax.vmap(root)(a, c)))
+    batched_ref = lambda a, c: jnp.sum(jnp.sin(jax.vmap(reference)(a, c)))
     for g, w in zip(jax.grad(batched, (0, 1))(a, c), jax.grad(batched_ref, (0, 1))(a, c)):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
     dc = rng.standard_normal((4, 3))
@@ -256,16 +256,20 @@ def newton_fixed_vjp(out, args, kwargs_dump):
 
 
 root_fixed_op = jaxbind.get_nonlinear_call(
-    newton, (newton_fixed_jvp, newton_fixed_vjp), newton_abstract,
+    newton,
+    (newton_fixed_jvp, newton_fixed_vjp),
+    newton_abstract,
     lambda a, c, solution, steps, x_ct: ((c.shape, c.dtype),),
-    first_n_args_fixed=1, n_residuals=2, name="root_fixed",
+    first_n_args_fixed=1,
+    n_residuals=2,
+    name="root_fixed",
 )
 
 
 def test_fixed_argument_with_residuals(rng):
     a = rng.uniform(0.5, 2.0, (4, 3))
     c = rng.uniform(-3.0, 3.0, (4, 3))
-    fixed = lambda a, c: jnp.sum(jnp.sin(root_fixed_op(a, c)[0]))  # noqa: E731
+    fixed = lambda a, c: jnp.sum(jnp.sin(root_fixed_op(a, c)[0]))
     got = jax.jit(jax.vmap(jax.grad(fixed, argnums=1)))(a, c)
     want = jax.vmap(jax.grad(loss(reference), argnums=1))(a, c)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
@@ -292,8 +296,9 @@ def in_layout_of(which, args, batch_axes):
     if not batch_axes:
         return args
     layout = batch_axes[which]
-    return [np.moveaxis(a, axes, layout) if axes else np.expand_dims(a, sorted(layout))
-            for a, axes in zip(args, batch_axes)]
+    return [
+        np.moveaxis(a, axes, layout) if axes else np.expand_dims(a, sorted(layout)) for a, axes in zip(args, batch_axes)
+    ]
 
 
 def exp_batched(out, args, kwargs_dump):
@@ -324,15 +329,19 @@ def exp_batched_abstract_reverse(x, derivative, y_ct, *, batch_axes):
 
 
 exp_op = jaxbind.get_nonlinear_call(
-    exp_batched, (exp_batched_jvp, exp_batched_vjp), exp_batched_abstract,
-    exp_batched_abstract_reverse, func_can_batch=True, n_residuals=1,
+    exp_batched,
+    (exp_batched_jvp, exp_batched_vjp),
+    exp_batched_abstract,
+    exp_batched_abstract_reverse,
+    func_can_batch=True,
+    n_residuals=1,
 )
 
 
 def test_func_can_batch_with_residuals(rng):
     x = rng.standard_normal((3, 4, 2))
-    f = lambda x: jnp.sum(jnp.sin(exp_op(x)[0]))  # noqa: E731
-    f_ref = lambda x: jnp.sum(jnp.sin(jnp.exp(x)))  # noqa: E731
+    f = lambda x: jnp.sum(jnp.sin(exp_op(x)[0]))
+    f_ref = lambda x: jnp.sum(jnp.sin(jnp.exp(x)))
     got = jax.jit(jax.vmap(jax.vmap(jax.grad(f), in_axes=1), in_axes=2))(x)
     want = jax.vmap(jax.vmap(jax.grad(f_ref), in_axes=1), in_axes=2)(x)
     np.testing.assert_allclose(got, want, rtol=1e-12)
@@ -347,13 +356,15 @@ def test_func_can_batch_with_residuals(rng):
 def test_jacfwd_of_func_can_batch_with_residuals(rng):
     """jacfwd maps the tangents at one primal point: the jvp abstract learns their batch axis."""
     x = rng.standard_normal((3, 2))
-    f = lambda x: exp_op(x)[0]  # noqa: E731
+    f = lambda x: exp_op(x)[0]
     np.testing.assert_allclose(jax.jacfwd(f)(x), jax.jacfwd(jnp.exp)(x), rtol=1e-12)
     np.testing.assert_allclose(jax.jit(jax.jacfwd(f))(x), jax.jacfwd(jnp.exp)(x), rtol=1e-12)
-    np.testing.assert_allclose(jax.vmap(jax.jacfwd(f), in_axes=1)(x),
-                               jax.vmap(jax.jacfwd(jnp.exp), in_axes=1)(x), rtol=1e-12)
-    np.testing.assert_allclose(jax.jacfwd(jax.vmap(f, in_axes=1))(x),
-                               jax.jacfwd(jax.vmap(jnp.exp, in_axes=1))(x), rtol=1e-12)
+    np.testing.assert_allclose(
+        jax.vmap(jax.jacfwd(f), in_axes=1)(x), jax.vmap(jax.jacfwd(jnp.exp), in_axes=1)(x), rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        jax.jacfwd(jax.vmap(f, in_axes=1))(x), jax.jacfwd(jax.vmap(jnp.exp, in_axes=1))(x), rtol=1e-12
+    )
 
 
 def _to_front(args, batch_axes):
@@ -407,8 +418,12 @@ def exp_transposed_abstract_reverse(x, r, ct, *, batch_axes):
 
 
 exp_transposed_op = jaxbind.get_nonlinear_call(
-    exp_transposed, (exp_transposed_jvp, exp_transposed_vjp), exp_transposed_abstract,
-    exp_transposed_abstract_reverse, func_can_batch=True, n_residuals=1,
+    exp_transposed,
+    (exp_transposed_jvp, exp_transposed_vjp),
+    exp_transposed_abstract,
+    exp_transposed_abstract_reverse,
+    func_can_batch=True,
+    n_residuals=1,
 )
 
 
@@ -417,7 +432,7 @@ def test_func_can_batch_residual_laid_out_unlike_the_output(rng):
     put it (read as the output's layout, its values or shape come out wrong)."""
     x = rng.standard_normal((3, 4, 2))
     dx = rng.standard_normal((3, 4, 2))
-    op = lambda x: exp_transposed_op(x)[0]  # noqa: E731
+    op = lambda x: exp_transposed_op(x)[0]
     got = jax.jvp(jax.vmap(op, in_axes=1), (x,), (dx,))
     want = jax.jvp(jax.vmap(jnp.exp, in_axes=1), (x,), (dx,))
     for g, w in zip(got, want):
@@ -437,25 +452,29 @@ def test_func_can_batch_residual_laid_out_unlike_the_output(rng):
 @pytest.mark.parametrize("bad, error", [(-1, ValueError), (1.0, TypeError), (True, TypeError), ("1", TypeError)])
 def test_bad_n_residuals(bad, error):
     with pytest.raises(error, match="'newton'.*n_residuals"):
-        jaxbind.get_nonlinear_call(newton, (newton_jvp, newton_vjp), newton_abstract,
-                                   newton_abstract_reverse, n_residuals=bad)
+        jaxbind.get_nonlinear_call(
+            newton, (newton_jvp, newton_vjp), newton_abstract, newton_abstract_reverse, n_residuals=bad
+        )
 
 
 @pytest.mark.parametrize("k", [3, 4])
 def test_more_residuals_than_the_abstract_declares(a_c, k):
     # The abstract declares three arrays: at least one must be an output.
-    op = jaxbind.get_nonlinear_call(newton, (newton_jvp, newton_vjp), newton_abstract,
-                                    newton_abstract_reverse, n_residuals=k, name="too_many")
-    with pytest.raises(ValueError, match="'too_many': n_residuals=%d.*declares 3" % k):
+    op = jaxbind.get_nonlinear_call(
+        newton, (newton_jvp, newton_vjp), newton_abstract, newton_abstract_reverse, n_residuals=k, name="too_many"
+    )
+    with pytest.raises(ValueError, match=f"'too_many': n_residuals={k}.*declares 3"):
         op(*a_c)
     assert count("newton") == 0
 
 
 def test_n_residuals_is_part_of_the_op():
-    same = jaxbind.get_nonlinear_call(newton, (newton_jvp, newton_vjp), newton_abstract,
-                                      newton_abstract_reverse, n_residuals=2)
-    other = jaxbind.get_nonlinear_call(newton, (newton_jvp, newton_vjp), newton_abstract,
-                                       newton_abstract_reverse, n_residuals=1)
+    same = jaxbind.get_nonlinear_call(
+        newton, (newton_jvp, newton_vjp), newton_abstract, newton_abstract_reverse, n_residuals=2
+    )
+    other = jaxbind.get_nonlinear_call(
+        newton, (newton_jvp, newton_vjp), newton_abstract, newton_abstract_reverse, n_residuals=1
+    )
     assert same == root_op and hash(same) == hash(root_op)
     assert other != root_op
 
@@ -481,13 +500,16 @@ def test_native_forward_with_a_residual(rng, kernels):
 
     # jb_triple_and_sum writes (3 x, sum(x)): here the sum is the residual
     op = jaxbind.get_nonlinear_call(
-        kernels.jb_triple_and_sum, (triple_jvp, triple_vjp),
-        lambda x: ((x.shape, x.dtype), ((), x.dtype)), lambda x, total, ct: ((x.shape, x.dtype),),
-        n_residuals=1, name="triple",
+        kernels.jb_triple_and_sum,
+        (triple_jvp, triple_vjp),
+        lambda x: ((x.shape, x.dtype), ((), x.dtype)),
+        lambda x, total, ct: ((x.shape, x.dtype),),
+        n_residuals=1,
+        name="triple",
     )
     x = rng.standard_normal((3, 5))
     assert len(op(x[0])) == 1
-    loss = lambda x: jnp.sum(jnp.sin(op(x)[0]))  # noqa: E731
+    loss = lambda x: jnp.sum(jnp.sin(op(x)[0]))
     np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(loss)))(x), 3 * jnp.cos(3 * x), rtol=1e-14)
     np.testing.assert_allclose(jax.jvp(jax.vmap(lambda x: op(x)[0]), (x,), (x,))[1], 3 * x, rtol=1e-14)
     assert count("triple_vjp") == 3 and count("triple_jvp") == 3
@@ -515,8 +537,14 @@ def _like_first(x, *rest):
 def test_residuals_under_every_vmap_method(vmap_method):
     # jit(vmap(grad)) and vmap(jvp): one forward call per batch (one per element when
     # walked), its residuals batched to the derivative callbacks, against jnp.cos.
-    op = jaxbind.get_nonlinear_call(_sin_with_cos, (_times_residual, _times_residual), _like_first_twice,
-                                    _like_first, n_residuals=1, vmap_method=vmap_method)
+    op = jaxbind.get_nonlinear_call(
+        _sin_with_cos,
+        (_times_residual, _times_residual),
+        _like_first_twice,
+        _like_first,
+        n_residuals=1,
+        vmap_method=vmap_method,
+    )
     x = jnp.asarray(np.random.default_rng(5).standard_normal((6, 3)))
     per_batch = 6 if vmap_method == "sequential" else 1
     g = jax.jit(jax.vmap(jax.grad(lambda r: jnp.sum(op(r)[0]))))(x)

@@ -31,6 +31,7 @@ def counting_setup(made):
         state = State(args, kwargs)
         made.append(weakref.ref(state))
         return state
+
     return setup
 
 
@@ -70,8 +71,9 @@ def test_one_setup_serves_the_forward_and_its_derivatives():
     np.testing.assert_allclose(grad, 8 * np.sin(x) * np.cos(x), rtol=1e-5)
     assert len(made) == 1
     # a repeated call on equal inputs (a new array, equal bytes) runs none; other kwargs one more
-    np.testing.assert_allclose(jax.jit(lambda v: op(v, scale=2.0)[0])(jnp.array(np.asarray(x))), 2 * np.sin(x),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        jax.jit(lambda v: op(v, scale=2.0)[0])(jnp.array(np.asarray(x))), 2 * np.sin(x), rtol=1e-6
+    )
     assert len(made) == 1
     np.testing.assert_allclose(op(x, scale=3.0)[0], 3 * np.sin(x), rtol=1e-6)
     assert len(made) == 2
@@ -82,8 +84,9 @@ def test_one_setup_serves_the_forward_and_its_derivatives():
     # jvp and jacfwd
     _, tangent = jax.jvp(lambda v: op(v, scale=0.5)[0], (x,), (jnp.ones(5),))
     np.testing.assert_allclose(tangent, 0.5 * np.cos(x), rtol=1e-5)
-    np.testing.assert_allclose(jax.jacfwd(lambda v: op(v, scale=0.5)[0])(x), np.diag(0.5 * np.cos(x)),
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        jax.jacfwd(lambda v: op(v, scale=0.5)[0])(x), np.diag(0.5 * np.cos(x)), rtol=1e-5, atol=1e-7
+    )
     assert len(made) == 3
 
 
@@ -139,8 +142,15 @@ def test_func_can_batch_makes_one_state_for_the_batch():
     def batched_like(x, *rest, batch_axes=None):
         return ((x.shape, x.dtype, (batch_axes[0][0] if batch_axes and batch_axes[0] else None)),)
 
-    op = jaxbind.get_nonlinear_call(batched_f, (batched_vjp, batched_vjp), batched_like, batched_like,
-                                    func_can_batch=True, setup=setup, name="sine_can_batch")
+    op = jaxbind.get_nonlinear_call(
+        batched_f,
+        (batched_vjp, batched_vjp),
+        batched_like,
+        batched_like,
+        func_can_batch=True,
+        setup=setup,
+        name="sine_can_batch",
+    )
     xs = jnp.linspace(0.1, 2.0, 8).reshape(4, 2)
     grads = jax.jit(jax.vmap(jax.grad(lambda v: jnp.sum(op(v)[0]))))(xs)
     np.testing.assert_allclose(grads, np.cos(xs), rtol=1e-5)
@@ -165,7 +175,7 @@ def test_a_scan_of_gradient_steps_makes_one_state_per_step():
 def test_kept_states_are_bounded_and_freed_with_the_op():
     made = []
     op = sine_op(made, name="sine_bounded", setup_cache=8)
-    call = jax.jit(lambda v: op(v)[0])
+    call = jax.jit(lambda v: op(v)[0])  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
     for k in range(1000):
         call(jnp.full(2, float(k)))
     gc.collect()
@@ -181,8 +191,12 @@ def test_inputs_are_told_apart_by_every_byte_not_by_a_fingerprint(monkeypatch):
     monkeypatch.setattr(_trampoline, "fingerprint", lambda arrays: 7)
     made = []
     op = sine_op(made, name="sine_collisions")
-    inputs = [np.array([0.0, 1.0]), np.array([-0.0, 1.0]), np.array([0.0, np.nextafter(1.0, 2.0)]),
-              np.array([0.0, 1.0, 0.0])]
+    inputs = [
+        np.array([0.0, 1.0]),
+        np.array([-0.0, 1.0]),
+        np.array([0.0, np.nextafter(1.0, 2.0)]),
+        np.array([0.0, 1.0, 0.0]),
+    ]
     for x in inputs + inputs:
         np.testing.assert_array_equal(op(jnp.asarray(x))[0], np.sin(x))
     assert len(made) == 4
@@ -205,8 +219,9 @@ def test_setup_gets_copies_it_may_keep_and_the_kwargs():
     def weights_like(w, x, **kwargs):
         return ((x.shape, x.dtype),)
 
-    op = jaxbind.get_linear_call(weighted, weighted, weights_like, weights_like, first_n_args_fixed=1,
-                                 setup=setup, name="keeps_copies")
+    op = jaxbind.get_linear_call(
+        weighted, weighted, weights_like, weights_like, first_n_args_fixed=1, setup=setup, name="keeps_copies"
+    )
     w, x = jnp.arange(3.0), jnp.ones(3)
     call = jax.jit(lambda w, v: op(w, v, scale=2.0)[0])
     np.testing.assert_allclose(call(w, x), 2 * np.arange(3.0))
@@ -247,15 +262,19 @@ def test_a_linear_op_makes_its_plan_from_the_fixed_arguments_and_its_transpose_r
         made.append(1)
         return dft_setup(args, kwargs)
 
-    op = jaxbind.get_linear_call(dft, dft_T, dft_abstract, dft_T_abstract, first_n_args_fixed=1, setup=setup,
-                                 name="nudft")
+    op = jaxbind.get_linear_call(
+        dft, dft_T, dft_abstract, dft_T_abstract, first_n_args_fixed=1, setup=setup, name="nudft"
+    )
     rng = np.random.default_rng(0)
     points = jnp.asarray(rng.uniform(0, 2 * np.pi, 7))
     c = jnp.asarray(rng.standard_normal(5) + 1j * rng.standard_normal(5))
     dense = np.exp(-1j * np.outer(points, np.arange(5)))
     np.testing.assert_allclose(op(points, c, n=5)[0], dense @ c, rtol=1e-12)
-    np.testing.assert_allclose(jax.linear_transpose(lambda v: op(points, v, n=5)[0], c)(jnp.ones(7, c.dtype))[0],
-                               dense.T @ np.ones(7), rtol=1e-12)
+    np.testing.assert_allclose(
+        jax.linear_transpose(lambda v: op(points, v, n=5)[0], c)(jnp.ones(7, c.dtype))[0],
+        dense.T @ np.ones(7),
+        rtol=1e-12,
+    )
     assert len(made) == 1
     for k in range(3):  # new coefficients, the same points: the plan is kept
         op(points, c * k, n=5)
@@ -274,7 +293,9 @@ def test_check_op_checks_an_op_with_state():
     assert len(made) > 2  # the states were made again
 
     # a state a result depends on (here: stale, from the first input it saw) fails the check
-    def stale_setup(args, kwargs, first=[]):
+    def stale_setup(args, kwargs, first=None):
+        if first is None:
+            first = []
         first.append(np.array(args[0]))
         return first[0]
 
@@ -284,8 +305,9 @@ def test_check_op_checks_an_op_with_state():
     def vjp_uses_state(out, args, kwargs_dump, state):
         out[0][...] = np.cos(state) * args[1]
 
-    wrong = jaxbind.get_nonlinear_call(uses_state, (vjp_uses_state, vjp_uses_state), like, like,
-                                       setup=stale_setup, name="stale_state")
+    wrong = jaxbind.get_nonlinear_call(
+        uses_state, (vjp_uses_state, vjp_uses_state), like, like, setup=stale_setup, name="stale_state"
+    )
     with pytest.raises(AssertionError, match="state"):
         jaxbind.testing.check_op(wrong, jnp.linspace(0.1, 1.0, 4))
 
@@ -319,9 +341,11 @@ def test_bad_setups_are_refused_naming_setup():
     with pytest.raises(ValueError, match="setup_cache must be a positive integer"):
         jaxbind.get_nonlinear_call(f, None, like, None, setup=counting_setup([]), setup_cache=0)
     with pytest.raises(TypeError, match=r"cannot be called as a callback, f\(out, args, kwargs_dump, state\)"):
-        jaxbind.get_nonlinear_call(lambda out, args, kwargs_dump: None, None, like, None, setup=counting_setup([]),
-                                   name="three")
+        jaxbind.get_nonlinear_call(
+            lambda out, args, kwargs_dump: None, None, like, None, setup=counting_setup([]), name="three"
+        )
     import _kernels
+
     kernels = _kernels.load()
     with pytest.raises(TypeError, match="is a native kernel, which takes no Python object"):
         jaxbind.get_linear_call(kernels.jb_double, kernels.jb_double, like, like, setup=counting_setup([]))
@@ -330,8 +354,9 @@ def test_bad_setups_are_refused_naming_setup():
         raise np.linalg.LinAlgError("Singular matrix")
 
     op = jaxbind.get_nonlinear_call(f, (f_jvp, f_vjp), like, like, setup=failing, name="singular")
-    with pytest.raises(Exception, match="jaxbind op 'singular': its setup 'failing' raised LinAlgError: "
-                                        "Singular matrix") as info:
+    with pytest.raises(
+        Exception, match="jaxbind op 'singular': its setup 'failing' raised LinAlgError: Singular matrix"
+    ) as info:
         jax.jit(lambda v: op(v)[0])(jnp.ones(2))
     assert "Traceback" in str(info.value)
 
@@ -374,8 +399,13 @@ def test_a_program_exported_elsewhere_makes_its_state_where_it_runs(tmp_path):
     parent = os.path.dirname(os.path.dirname(os.path.abspath(jaxbind.__file__)))
     env = {**os.environ, "PYTHONPATH": parent + os.pathsep + os.environ.get("PYTHONPATH", "")}
     for step in ("export", "run"):
-        run = subprocess.run([sys.executable, str(script), step, str(tmp_path / "program.bin")], env=env,
-                             capture_output=True, text=True, timeout=240)
+        run = subprocess.run(
+            [sys.executable, str(script), step, str(tmp_path / "program.bin")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert run.returncode == 0, run.stderr[-3000:]
     assert "setups 1" in run.stdout
 

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import CALLS
 
 import jaxbind
-from _shared import CALLS
 
 # The callbacks below record (callback name, details) in _shared.CALLS, emptied around each test (the
 # calls fixture).
@@ -77,7 +77,10 @@ def matmul_T_B_abstract(a, ct, *, batch_axes):
 
 
 matmul_op = jaxbind.get_linear_call(
-    matmul_batched, (matmul_T_A, matmul_T_B), matmul_abstract, (matmul_T_A_abstract, matmul_T_B_abstract),
+    matmul_batched,
+    (matmul_T_A, matmul_T_B),
+    matmul_abstract,
+    (matmul_T_A_abstract, matmul_T_B_abstract),
     func_can_batch=True,
 )
 
@@ -123,10 +126,13 @@ def test_func_can_batch_multilinear_transposes_under_nested_vmap(rng, calls):
     # B and the output cotangent, A and the output cotangent: every input at both levels
     assert transposes == {"matmul_T_A": ((3, 1), (2, 3)), "matmul_T_B": ((1, 0), (2, 3))}
 
-    per_element = jax.vmap(jax.vmap(jax.grad(lambda a, b, w: jnp.sum(w * matmul_op(a, b)[0]), argnums=(0, 1)),
-                                    in_axes=(0, 2, 0)), in_axes=(0, 1, 0))
-    want = jax.vmap(jax.vmap(jax.grad(lambda a, b, w: jnp.sum(w * (a @ b)), argnums=(0, 1)),
-                             in_axes=(0, 2, 0)), in_axes=(0, 1, 0))(a, b, weights)
+    per_element = jax.vmap(
+        jax.vmap(jax.grad(lambda a, b, w: jnp.sum(w * matmul_op(a, b)[0]), argnums=(0, 1)), in_axes=(0, 2, 0)),
+        in_axes=(0, 1, 0),
+    )
+    want = jax.vmap(
+        jax.vmap(jax.grad(lambda a, b, w: jnp.sum(w * (a @ b)), argnums=(0, 1)), in_axes=(0, 2, 0)), in_axes=(0, 1, 0)
+    )(a, b, weights)
     for g, w in zip(per_element(a, b, weights), want):
         np.testing.assert_allclose(g, w, rtol=1e-12)
 
@@ -158,8 +164,12 @@ def scaled_sine_abstract(w, x, *tangents, batch_axes):
 
 
 scaled_sine_op = jaxbind.get_nonlinear_call(
-    scaled_sine, (scaled_sine_jvp, scaled_sine_jvp), scaled_sine_abstract, scaled_sine_abstract,
-    first_n_args_fixed=1, func_can_batch=True,
+    scaled_sine,
+    (scaled_sine_jvp, scaled_sine_jvp),
+    scaled_sine_abstract,
+    scaled_sine_abstract,
+    first_n_args_fixed=1,
+    func_can_batch=True,
 )
 
 

@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import CALLS
 
 import jaxbind
-from _shared import CALLS
 
 # The callbacks below record (callback name, details) in _shared.CALLS, emptied around each test (the
 # calls fixture).
@@ -150,9 +150,7 @@ def fftn_abstract(x, *, batch_axes):
     return ((x.shape, x.dtype, batch_axes[0][-1]),)
 
 
-fftn_op = jaxbind.get_linear_call(
-    batched_fftn, batched_fftn, fftn_abstract, fftn_abstract, func_can_batch=True
-)
+fftn_op = jaxbind.get_linear_call(batched_fftn, batched_fftn, fftn_abstract, fftn_abstract, func_can_batch=True)
 
 
 def apply_fftn(x):

@@ -8,12 +8,12 @@ thread each element ran on. Results are checked against the input (the kernel co
 
 import ctypes
 
+import _kernels
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import _kernels
 import jaxbind
 
 LIB = _kernels.load()
@@ -24,7 +24,8 @@ def copy_and_thread(x, **kwargs):
 
 
 busy_thread = jaxbind.get_nonlinear_call(
-    LIB.jb_busy_thread, (LIB.jb_busy_thread, LIB.jb_busy_thread), copy_and_thread, copy_and_thread)
+    LIB.jb_busy_thread, (LIB.jb_busy_thread, LIB.jb_busy_thread), copy_and_thread, copy_and_thread
+)
 
 
 def walk(x, **kwargs):
@@ -99,7 +100,7 @@ python_copy = jaxbind.get_linear_call(_python_copy, _python_copy, _like, _like)
 @pytest.mark.parametrize("shape", [(0, 3), (2, 0, 3), (0, 0, 1)])
 def test_empty_batches_call_nothing(shape):
     x = jnp.zeros(shape)
-    nested = lambda f: jax.vmap(f) if len(shape) == 2 else jax.vmap(jax.vmap(f))  # noqa: E731
+    nested = lambda f: jax.vmap(f) if len(shape) == 2 else jax.vmap(jax.vmap(f))
     y, threads = jax.jit(nested(lambda r: busy_thread(r, fail_below=1.0)))(x)  # would fail if called
     assert y.shape == shape and threads.shape == shape[:-1]
     assert jax.jit(nested(lambda r: python_copy(r)[0]))(x).shape == shape

@@ -9,12 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import checking_unwritten
 
 import jaxbind
-from _shared import checking_unwritten
 from jaxbind.testing import check_op
 
-like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
+like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)
 THREADS = []
 
 
@@ -185,11 +185,13 @@ def _same(*args, **kwargs):
 
 def test_check_op_finds_a_thread_safe_op_whose_body_shares_a_scratch_array():
     x = np.linspace(0.0, 1.0, 4096)
-    racy = jaxbind.get_nonlinear_call(_shares_a_scratch_array(), None, _same, None, thread_safe=True,
-                                      name="racy")
+    racy = jaxbind.get_nonlinear_call(_shares_a_scratch_array(), None, _same, None, thread_safe=True, name="racy")
     np.testing.assert_allclose(racy(x)[0], np.sin(x) * 2 + 1)  # one call at a time: right
-    with pytest.raises(AssertionError, match=r"op 'racy': thread_safe: the walk on several threads.*"
-                                             r"not thread-safe.*thread_safe=False"):
+    with pytest.raises(
+        AssertionError,
+        match=r"op 'racy': thread_safe: the walk on several threads.*"
+        r"not thread-safe.*thread_safe=False",
+    ):
         check_op(racy, x)
     # The same body without thread_safe, and a body with its own scratch, pass.
     assert check_op(jaxbind.get_nonlinear_call(_shares_a_scratch_array(), None, _same, None), x)

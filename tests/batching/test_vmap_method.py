@@ -97,17 +97,27 @@ def wsin_reverse(p, x, w, ct):
 def make_ops(method):
     return {
         "linear": (
-            jaxbind.get_linear_call(matvec, matvec_T, matvec_abstract, matvec_T_abstract,
-                                    first_n_args_fixed=1, vmap_method=method),
-            lambda A, x: A @ x, [(4, 3), (3,)], (1,)),
+            jaxbind.get_linear_call(
+                matvec, matvec_T, matvec_abstract, matvec_T_abstract, first_n_args_fixed=1, vmap_method=method
+            ),
+            lambda A, x: A @ x,
+            [(4, 3), (3,)],
+            (1,),
+        ),
         "multilinear": (
-            jaxbind.get_linear_call(product, (product, product), like_last, (like_last, like_last),
-                                    vmap_method=method),
-            lambda a, b: a * b, [(3,), (3,)], (0, 1)),
+            jaxbind.get_linear_call(product, (product, product), like_last, (like_last, like_last), vmap_method=method),
+            lambda a, b: a * b,
+            [(3,), (3,)],
+            (0, 1),
+        ),
         "nonlinear": (
-            jaxbind.get_nonlinear_call(wsin, (wsin_jvp, wsin_vjp), wsin_abstract, wsin_reverse,
-                                       first_n_args_fixed=1, vmap_method=method),
-            lambda p, x, w: p * jnp.sin(x) * w, [(3,), (3,), (3,)], (1, 2)),
+            jaxbind.get_nonlinear_call(
+                wsin, (wsin_jvp, wsin_vjp), wsin_abstract, wsin_reverse, first_n_args_fixed=1, vmap_method=method
+            ),
+            lambda p, x, w: p * jnp.sin(x) * w,
+            [(3,), (3,), (3,)],
+            (1, 2),
+        ),
     }
 
 
@@ -149,8 +159,10 @@ def loss_of(fn):
 
 def of_differentiable(fn, args, diff):
     """``fn`` as a function of the differentiable arguments, the others held at ``args``."""
+
     def partial(*values):
         return fn(*[values[diff.index(i)] if i in diff else v for i, v in enumerate(args)])
+
     return partial
 
 
@@ -181,14 +193,17 @@ def test_nested_vmap_with_mixed_axes(method, kind, transform):
             if transform == "grad":
                 return jax.grad(loss_of(fn), diff)
             if transform == "jvp":
+
                 def jvp(*a):
                     primals = tuple(a[i] for i in diff)
                     return jax.jvp(of_differentiable(fn, a, diff), primals, tuple(map(jnp.cos, primals)))
+
                 return jvp
 
             def vjp(*a):
                 out, pullback = jax.vjp(of_differentiable(fn, a, diff), *[a[i] for i in diff])
                 return pullback(jnp.cos(out))
+
             return vjp
 
         got = jax.jit(nested(transformed(op_fn(op)), outer, inner))(*args)
@@ -225,13 +240,14 @@ def test_every_callback_of_the_op_gets_the_whole_batch(seen):
     p, x, w = batched_args(cores, (None, 0, None), (None, None, None))
     seen.clear()
     jax.jit(jax.vmap(jax.grad(loss_of(op_fn(op)), diff), in_axes=(None, 0, None)))(p, x, w)
-    assert seen == [("wsin", ((1, 3), (OUTER, 3), (1, 3))),
-                    ("wsin_vjp", ((1, 3), (OUTER, 3), (1, 3), (OUTER, 3)))]
+    assert seen == [("wsin", ((1, 3), (OUTER, 3), (1, 3))), ("wsin_vjp", ((1, 3), (OUTER, 3), (1, 3), (OUTER, 3)))]
     seen.clear()
     jvp = lambda p, x, w: jax.jvp(lambda x, w: op(p, x, w)[0], (x, w), (x, w))
     jax.jit(jax.vmap(jvp, in_axes=(None, 0, None)))(p, x, w)
-    assert seen == [("wsin", ((1, 3), (OUTER, 3), (1, 3))),
-                    ("wsin_jvp", ((1, 3), (OUTER, 3), (1, 3), (OUTER, 3), (1, 3)))]
+    assert seen == [
+        ("wsin", ((1, 3), (OUTER, 3), (1, 3))),
+        ("wsin_jvp", ((1, 3), (OUTER, 3), (1, 3), (OUTER, 3), (1, 3))),
+    ]
     lin, _, _, _ = make_ops("expand_dims")["linear"]
     A, x = batched_args([(4, 3), (3,)], (None, 0), (None, None))
     seen.clear()
@@ -301,14 +317,18 @@ def test_func_can_batch_with_another_method_is_an_error(method):
     with pytest.raises(ValueError, match=r"jaxbind op 'product': func_can_batch=True and vmap_method="):
         jaxbind.get_linear_call(product, product, like_last, like_last, func_can_batch=True, vmap_method=method)
     with pytest.raises(ValueError, match=r"jaxbind op 'wsin': func_can_batch=True"):
-        jaxbind.get_nonlinear_call(wsin, (wsin_jvp, wsin_vjp), wsin_abstract, wsin_reverse,
-                                   func_can_batch=True, vmap_method=method)
+        jaxbind.get_nonlinear_call(
+            wsin, (wsin_jvp, wsin_vjp), wsin_abstract, wsin_reverse, func_can_batch=True, vmap_method=method
+        )
 
 
 @pytest.mark.parametrize("bad", ["legacy_vectorized", "expand", None, 1])
 def test_unknown_method_is_an_error(bad):
-    with pytest.raises(ValueError, match=r"jaxbind op 'ew': vmap_method must be one of 'sequential', "
-                                         r"'expand_dims', 'broadcast_all'"):
+    with pytest.raises(
+        ValueError,
+        match=r"jaxbind op 'ew': vmap_method must be one of 'sequential', "
+        r"'expand_dims', 'broadcast_all'",
+    ):
         jaxbind.get_linear_call(product, product, like_last, like_last, name="ew", vmap_method=bad)
 
 
@@ -323,14 +343,23 @@ def abstract_from_the_fixed_argument(a, x, *, batch_axes=None):
 
 
 def test_func_can_batch_abstract_without_the_batch_levels_names_op_and_abstract():
-    op = jaxbind.get_linear_call(scaled, scaled, abstract_from_the_fixed_argument,
-                                 abstract_from_the_fixed_argument, first_n_args_fixed=1,
-                                 func_can_batch=True, name="scaled")
+    op = jaxbind.get_linear_call(
+        scaled,
+        scaled,
+        abstract_from_the_fixed_argument,
+        abstract_from_the_fixed_argument,
+        first_n_args_fixed=1,
+        func_can_batch=True,
+        name="scaled",
+    )
     a, X = jnp.ones(3), jnp.ones((5, 3))
-    with pytest.raises(ValueError, match=r"jaxbind op 'scaled': its abstract function "
-                                         r"'abstract_from_the_fixed_argument' declares output 0 with "
-                                         r"shape \(3,\), which does not hold the batch: vmap level 0 "
-                                         r"\(size 5\) is its axis 0"):
+    with pytest.raises(
+        ValueError,
+        match=r"jaxbind op 'scaled': its abstract function "
+        r"'abstract_from_the_fixed_argument' declares output 0 with "
+        r"shape \(3,\), which does not hold the batch: vmap level 0 "
+        r"\(size 5\) is its axis 0",
+    ):
         jax.jit(jax.vmap(lambda x: op(a, x)[0])).lower(X)
     # .lower traces and lowers only: no callback can have run.
 
@@ -348,11 +377,15 @@ def batched_twice(out, args, kwargs_dump):
 
 
 def test_nested_level_mismatch_names_the_level():
-    op = jaxbind.get_linear_call(batched_twice, batched_twice, batched_sum_abstract, batched_sum_abstract,
-                                 func_can_batch=True, name="twice")
+    op = jaxbind.get_linear_call(
+        batched_twice, batched_twice, batched_sum_abstract, batched_sum_abstract, func_can_batch=True, name="twice"
+    )
     X = jnp.ones((5, 2, 3))
-    with pytest.raises(ValueError, match=r"jaxbind op 'twice': .* declares output 0 with shape \(5, 2, 3\), "
-                                         r"which does not hold the batch"):
+    with pytest.raises(
+        ValueError,
+        match=r"jaxbind op 'twice': .* declares output 0 with shape \(5, 2, 3\), "
+        r"which does not hold the batch",
+    ):
         jax.jit(jax.vmap(jax.vmap(lambda x: op(x)[0]))).lower(X)
 
 
@@ -360,10 +393,11 @@ def test_nested_level_mismatch_names_the_level():
 def test_native_kernel_gets_the_whole_batch(method, kernels):
     """A native kernel is called once on the whole arrays, with no batch kwargs."""
     lib = kernels
-    op = jaxbind.get_linear_call(lib.jb_scale, lib.jb_scale, like_last, like_last, first_n_args_fixed=1,
-                                 vmap_method=method)  # out = factor * (the last input)
+    op = jaxbind.get_linear_call(
+        lib.jb_scale, lib.jb_scale, like_last, like_last, first_n_args_fixed=1, vmap_method=method
+    )  # out = factor * (the last input)
     w, X = jnp.ones(3), jnp.asarray(np.random.default_rng(0).standard_normal((5, 3)))
-    f = lambda x: op(w, x, factor=3.0)[0]  # noqa: E731
+    f = lambda x: op(w, x, factor=3.0)[0]
     assert_close(jax.jit(jax.vmap(f))(X), 3.0 * X)
     assert_close(jax.jit(jax.vmap(jax.grad(lambda x: jnp.sum(f(x) ** 2))))(X), 18.0 * X)
     if method == "broadcast_all":
@@ -371,9 +405,12 @@ def test_native_kernel_gets_the_whole_batch(method, kernels):
     else:
         # jb_scale does not broadcast: with x unmapped (a size-1 axis) it writes one
         # row of the batch. check_op finds it; such a kernel wants broadcast_all.
-        with pytest.raises(AssertionError, match=r"'jb_scale': vmap against a Python loop failed for in_axes "
-                                                 r"None-mixed \(0, None\): .*"
-                                                 r"output 0 \(shape \(3, 3\)\) was not fully written"):
+        with pytest.raises(
+            AssertionError,
+            match=r"'jb_scale': vmap against a Python loop failed for in_axes "
+            r"None-mixed \(0, None\): .*"
+            r"output 0 \(shape \(3, 3\)\) was not fully written",
+        ):
             jaxbind.testing.check_op(op, w, X[0], factor=3.0)
 
 
@@ -400,12 +437,11 @@ def pure_callback_run(api, method, where):
         return np.add(a, b)
 
     def f(a, b):
-        return api(add, jax.ShapeDtypeStruct(np.broadcast_shapes(a.shape, b.shape), a.dtype), a, b,
-                   vmap_method=method)
+        return api(add, jax.ShapeDtypeStruct(np.broadcast_shapes(a.shape, b.shape), a.dtype), a, b, vmap_method=method)
 
     try:
         result = jax.jit(nested(f, outer, inner))(x, y)
-    except Exception as e:  # noqa: BLE001 (compared with what JAX raises)
+    except Exception as e:
         result = e
     return result, sorted(seen)
 
@@ -445,16 +481,18 @@ def test_each_front_door_takes_the_methods_of_the_one_table_in_jaxs_words():
             jaxbind.pure_callback(np.sin, x, x, vmap_method=bad)
         assert str(ours.value) == str(theirs.value)
     # vmap_method=None under vmap: JAX's NotImplementedError, listing the same methods
-    with pytest.raises(NotImplementedError, match=r"is one of 'sequential', 'sequential_unrolled', 'expand_dims', "
-                                                  r"'broadcast_all', or 'legacy_vectorized'. Got vmap_method=None"):
+    with pytest.raises(
+        NotImplementedError,
+        match=r"is one of 'sequential', 'sequential_unrolled', 'expand_dims', "
+        r"'broadcast_all', or 'legacy_vectorized'. Got vmap_method=None",
+    ):
         jax.vmap(lambda v: jaxbind.pure_callback(np.sin, v, v))(jnp.ones((2, 3)))
     # an op takes the table's methods of its door, and no other
-    like = lambda x, **kwargs: ((x.shape, x.dtype),)  # noqa: E731
+    like = lambda x, **kwargs: ((x.shape, x.dtype),)
     for name in _vmap_methods.accepted(_vmap_methods.DOOR_OP):
         jaxbind.get_nonlinear_call(lambda out, args, kw: None, None, like, None, vmap_method=name)
     for name in ("sequential_unrolled", "legacy_vectorized", None):
-        with pytest.raises(ValueError, match="vmap_method must be one of 'sequential', 'expand_dims', "
-                                             "'broadcast_all'"):
+        with pytest.raises(ValueError, match="vmap_method must be one of 'sequential', 'expand_dims', 'broadcast_all'"):
             jaxbind.get_nonlinear_call(lambda out, args, kw: None, None, like, None, vmap_method=name)
     # an alias is its method: the same op
     assert _vmap_methods.named("sequential_unrolled", _vmap_methods.DOOR_PURE_CALLBACK) == "sequential"

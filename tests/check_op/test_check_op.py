@@ -5,12 +5,11 @@ AssertionError naming the op, the check and the argument, with the measured
 error. The correct ops are checked on their own and their summaries read.
 """
 
-
+import _kernels
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import _kernels
 import jaxbind
 from jaxbind.testing import check_op
 
@@ -54,10 +53,18 @@ def test_linear_op_with_a_fixed_argument_passes_and_says_what_it_checked():
     checks = [(c["check"], c["argument"]) for c in summary.checks]
     assert summary.op == "matvec" and summary.kind == "linear"
     assert ("dot product: <f x, y> == <x, f_T y>", "argument 1 (real data)") in checks
-    assert {c for c, _ in checks} >= {"outputs: abstract, fully written", "eager against jit",
-                                      "vmap against a Python loop", "vmap of the vjp against a loop"}
+    assert {c for c, _ in checks} >= {
+        "outputs: abstract, fully written",
+        "eager against jit",
+        "vmap against a Python loop",
+        "vmap of the vjp against a loop",
+    }
     assert [a for c, a in checks if c == "vmap against a Python loop"] == [
-        "in_axes 0 (0, 0)", "in_axes 1 (1, 1)", "in_axes None-mixed (None, 0)", "in_axes None-mixed (0, None)"]
+        "in_axes 0 (0, 0)",
+        "in_axes 1 (1, 1)",
+        "in_axes None-mixed (None, 0)",
+        "in_axes None-mixed (0, None)",
+    ]
     assert all(c["error"] <= c["tolerance"] for c in summary.checks)
     assert "checks passed" in str(summary)
 
@@ -80,7 +87,9 @@ def test_multilinear_op_passes_in_every_argument():
     op = jaxbind.get_linear_call(product, (product, product), like_last, (like_last, like_last))
     summary = check_op(op, X, 2 * X)
     assert [c["argument"] for c in summary.checks if c["check"].startswith("dot product")] == [
-        "argument 0 (real data)", "argument 1 (real data)"]
+        "argument 0 (real data)",
+        "argument 1 (real data)",
+    ]
 
 
 def wsin(out, args, kwargs_dump):  # y = w sin(x), w fixed
@@ -143,8 +152,9 @@ def test_native_kernels_pass():
     scale = jaxbind.get_linear_call(LIB.jb_scale, LIB.jb_scale, like_last, like_last)
     check_op(scale, X, factor=3.0)
     check_op(scale, X.astype(np.complex128), factor=3.0)
-    xsin = jaxbind.get_nonlinear_call(LIB.jb_xsin, (LIB.jb_xsin_derivative, LIB.jb_xsin_derivative),
-                                      like_last, like_last)
+    xsin = jaxbind.get_nonlinear_call(
+        LIB.jb_xsin, (LIB.jb_xsin_derivative, LIB.jb_xsin_derivative), like_last, like_last
+    )
     summary = check_op(xsin, X)
     assert any(c["check"] == "jvp against central differences" for c in summary.checks)
 
@@ -162,16 +172,18 @@ def batched_abstract(x, *, batch_axes=None):
 
 
 def test_func_can_batch_op_passes():
-    op = jaxbind.get_linear_call(batched_reverse, batched_reverse, batched_abstract, batched_abstract,
-                                 func_can_batch=True)
+    op = jaxbind.get_linear_call(
+        batched_reverse, batched_reverse, batched_abstract, batched_abstract, func_can_batch=True
+    )
     check_op(op, X)
     check_op(op, RNG.standard_normal((3, 3)))
 
 
 def test_whole_batch_vmap_methods_pass():
     for method in ("expand_dims", "broadcast_all"):
-        op = jaxbind.get_nonlinear_call(wsin, (wsin_jvp, wsin_vjp), like_last, like_last,
-                                        first_n_args_fixed=1, vmap_method=method)
+        op = jaxbind.get_nonlinear_call(
+            wsin, (wsin_jvp, wsin_vjp), like_last, like_last, first_n_args_fixed=1, vmap_method=method
+        )
         check_op(op, X, 2 * X)
 
 
@@ -189,13 +201,20 @@ def test_check_op_restores_the_checking_mode():
 
 
 def test_catches_a_transpose_that_is_the_forward_map():
-    op = jaxbind.get_linear_call(matvec, matvec, matvec_abstract, matvec_T_abstract,
-                                 first_n_args_fixed=1, name="forward_as_transpose")
-    check_op(jaxbind.get_linear_call(matvec, matvec, matvec_abstract, matvec_T_abstract, first_n_args_fixed=1),
-             SQUARE + SQUARE.T, X)  # right for a symmetric matrix
-    with pytest.raises(AssertionError, match=r"check_op: jaxbind op 'forward_as_transpose': dot product: "
-                                             r"<f x, y> == <x, f_T y> failed for argument 1 \(real data\): "
-                                             r".*Measured error [0-9.e+-]+, tolerance"):
+    op = jaxbind.get_linear_call(
+        matvec, matvec, matvec_abstract, matvec_T_abstract, first_n_args_fixed=1, name="forward_as_transpose"
+    )
+    check_op(
+        jaxbind.get_linear_call(matvec, matvec, matvec_abstract, matvec_T_abstract, first_n_args_fixed=1),
+        SQUARE + SQUARE.T,
+        X,
+    )  # right for a symmetric matrix
+    with pytest.raises(
+        AssertionError,
+        match=r"check_op: jaxbind op 'forward_as_transpose': dot product: "
+        r"<f x, y> == <x, f_T y> failed for argument 1 \(real data\): "
+        r".*Measured error [0-9.e+-]+, tolerance",
+    ):
         check_op(op, SQUARE, X)
 
 
@@ -203,8 +222,9 @@ def test_catches_a_conjugated_transpose():
     def matvec_adjoint(out, args, kwargs_dump):  # the adjoint, not JAX's transpose
         out[0][...] = args[0].conj().T @ args[1]
 
-    op = jaxbind.get_linear_call(matvec, matvec_adjoint, matvec_abstract, matvec_T_abstract,
-                                 first_n_args_fixed=1, name="adjoint")
+    op = jaxbind.get_linear_call(
+        matvec, matvec_adjoint, matvec_abstract, matvec_T_abstract, first_n_args_fixed=1, name="adjoint"
+    )
     Z = A + 1j * RNG.standard_normal(A.shape)
     with pytest.raises(AssertionError, match=r"'adjoint': dot product.*argument 1 \(complex data\)"):
         check_op(op, Z, X.astype(complex))
@@ -215,10 +235,14 @@ def test_catches_a_jvp_off_by_a_factor():
         w, x, dx = args
         out[0][...] = 2 * w * np.cos(x) * dx
 
-    op = jaxbind.get_nonlinear_call(wsin, (wsin_jvp_twice, wsin_vjp), like_last, like_last,
-                                    first_n_args_fixed=1, name="jvp_twice")
-    with pytest.raises(AssertionError, match=r"'jvp_twice': jvp against central differences failed for "
-                                             r"argument 1: .*Measured error 0\.5"):
+    op = jaxbind.get_nonlinear_call(
+        wsin, (wsin_jvp_twice, wsin_vjp), like_last, like_last, first_n_args_fixed=1, name="jvp_twice"
+    )
+    with pytest.raises(
+        AssertionError,
+        match=r"'jvp_twice': jvp against central differences failed for "
+        r"argument 1: .*Measured error 0\.5",
+    ):
         check_op(op, X, 2 * X)
 
 
@@ -227,8 +251,9 @@ def test_catches_a_vjp_that_disagrees_with_the_jvp():
         w, x, ct = args
         out[0][...] = w * np.sin(x) * ct
 
-    op = jaxbind.get_nonlinear_call(wsin, (wsin_jvp, wsin_vjp_wrong), like_last, like_last,
-                                    first_n_args_fixed=1, name="bad_vjp")
+    op = jaxbind.get_nonlinear_call(
+        wsin, (wsin_jvp, wsin_vjp_wrong), like_last, like_last, first_n_args_fixed=1, name="bad_vjp"
+    )
     with pytest.raises(AssertionError, match=r"'bad_vjp': vjp against jvp.*failed for argument 1"):
         check_op(op, X, 2 * X)
 
@@ -238,8 +263,11 @@ def test_catches_an_abstract_with_the_wrong_shape():
         return (((A.shape[0] + 1,), x.dtype),)
 
     op = jaxbind.get_linear_call(matvec, matvec_T, too_long, matvec_T_abstract, first_n_args_fixed=1, name="long")
-    with pytest.raises(AssertionError, match=r"'long': outputs: abstract, fully written failed for the given "
-                                             r"arguments: running it raised .*could not broadcast"):
+    with pytest.raises(
+        AssertionError,
+        match=r"'long': outputs: abstract, fully written failed for the given "
+        r"arguments: running it raised .*could not broadcast",
+    ):
         check_op(op, A, X)
 
     def like_input(A, x):  # the output's shape taken from the wrong argument
@@ -254,11 +282,15 @@ def test_catches_an_output_left_unwritten():
     def writes_all_but_last(out, args, kwargs_dump):
         out[0][:-1] = (args[0] @ args[1])[:-1]
 
-    op = jaxbind.get_linear_call(writes_all_but_last, matvec_T, matvec_abstract, matvec_T_abstract,
-                                 first_n_args_fixed=1, name="unwritten")
+    op = jaxbind.get_linear_call(
+        writes_all_but_last, matvec_T, matvec_abstract, matvec_T_abstract, first_n_args_fixed=1, name="unwritten"
+    )
     jaxbind.config.check_unwritten = False
-    with pytest.raises(AssertionError, match=r"'unwritten': outputs: abstract, fully written failed for the "
-                                             r"given arguments: .*output 0 \(shape \(4\)\) was not fully written"):
+    with pytest.raises(
+        AssertionError,
+        match=r"'unwritten': outputs: abstract, fully written failed for the "
+        r"given arguments: .*output 0 \(shape \(4\)\) was not fully written",
+    ):
         check_op(op, A, X)
     assert jaxbind.config.check_unwritten is False
 
@@ -267,8 +299,9 @@ def test_catches_an_unwritten_transpose_output():
     def transpose_half(out, args, kwargs_dump):
         out[0][:1] = (args[0].T @ args[1])[:1]
 
-    op = jaxbind.get_linear_call(matvec, transpose_half, matvec_abstract, matvec_T_abstract,
-                                 first_n_args_fixed=1, name="half_T")
+    op = jaxbind.get_linear_call(
+        matvec, transpose_half, matvec_abstract, matvec_T_abstract, first_n_args_fixed=1, name="half_T"
+    )
     with pytest.raises(AssertionError, match=r"'half_T': dot product.*not fully written"):
         check_op(op, A, X)
 
@@ -277,10 +310,19 @@ def test_catches_func_can_batch_axes_the_callback_ignores():
     def reverse_last_axis(out, args, kwargs_dump):  # assumes the batch axes lead
         out[0][...] = args[0][..., ::-1]
 
-    op = jaxbind.get_linear_call(reverse_last_axis, reverse_last_axis, batched_abstract, batched_abstract,
-                                 func_can_batch=True, name="ignores_axes")
-    with pytest.raises(AssertionError, match=r"'ignores_axes': vmap against a Python loop failed for "
-                                             r"in_axes 1 \(1,\): .*Measured error"):
+    op = jaxbind.get_linear_call(
+        reverse_last_axis,
+        reverse_last_axis,
+        batched_abstract,
+        batched_abstract,
+        func_can_batch=True,
+        name="ignores_axes",
+    )
+    with pytest.raises(
+        AssertionError,
+        match=r"'ignores_axes': vmap against a Python loop failed for "
+        r"in_axes 1 \(1,\): .*Measured error",
+    ):
         check_op(op, X)
 
 
@@ -288,8 +330,9 @@ def test_catches_a_wrong_output_batch_axis():
     def abstract_axis_zero(x, *, batch_axes=None):  # claims the batch goes first; the callback keeps it in place
         return ((x.shape, x.dtype, 0 if batch_axes else None),)
 
-    op = jaxbind.get_linear_call(batched_reverse, batched_reverse, abstract_axis_zero, abstract_axis_zero,
-                                 func_can_batch=True, name="axis_zero")
+    op = jaxbind.get_linear_call(
+        batched_reverse, batched_reverse, abstract_axis_zero, abstract_axis_zero, func_can_batch=True, name="axis_zero"
+    )
     with pytest.raises(AssertionError, match=r"'axis_zero': vmap .*in_axes 1"):
         check_op(op, RNG.standard_normal((3, 3)))
 
@@ -310,13 +353,17 @@ def test_catches_a_jvp_abstract_with_another_dtype():
         return ((x.shape, np.float32 if tangents else x.dtype),)
 
     op = jaxbind.get_nonlinear_call(sine, (sine_derivative, sine_derivative), abstract, like_last, name="sine")
-    with pytest.raises(AssertionError, match=r"'sine': jvp against central differences failed for argument 0: "
-                                             r"the tangent of output 0 has shape \(3,\) and dtype float32"):
+    with pytest.raises(
+        AssertionError,
+        match=r"'sine': jvp against central differences failed for argument 0: "
+        r"the tangent of output 0 has shape \(3,\) and dtype float32",
+    ):
         check_op(op, X)
 
 
 def test_a_failing_pairing_prints_numbers_that_differ():
     from jaxbind.testing._checker import distinct_digits
+
     assert distinct_digits(0.943, 0.943) == ("0.943", "0.943")
     a, b = distinct_digits(0.94312345678, 0.94312349999)
     assert a != b and float(a) != float(b)  # at 6 digits both were 0.943123

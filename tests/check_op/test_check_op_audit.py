@@ -3,16 +3,15 @@ catch and a correct op it must pass (complex cotangents of real arguments, joint
 batched jvps, integer outputs, any kwarg name, and behaviours a mutation audit of the checker pinned).
 """
 
-
+import _kernels
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_check_op import batched_abstract, matvec, wsin, wsin_jvp  # the correct ops of the main checks
 
-import _kernels
 import jaxbind
 from jaxbind.testing import check_op
-from test_check_op import batched_abstract, matvec, wsin, wsin_jvp  # the correct ops of the main checks
 
 LIB = _kernels.load()
 RNG = np.random.default_rng(7)
@@ -43,19 +42,25 @@ def _r2c_T_conjugated(out, args, kwargs_dump):  # the imaginary part's sign is w
 def test_real_input_complex_output_transpose_is_checked_with_complex_cotangents():
     Z = A + 1j * RNG.standard_normal(A.shape)
     good = jaxbind.get_linear_call(matvec, _r2c_T, _r2c_abstract, _r2c_T_abstract, first_n_args_fixed=1, name="r2c")
-    bad = jaxbind.get_linear_call(matvec, _r2c_T_conjugated, _r2c_abstract, _r2c_T_abstract, first_n_args_fixed=1,
-                                  name="r2c_conj")
+    bad = jaxbind.get_linear_call(
+        matvec, _r2c_T_conjugated, _r2c_abstract, _r2c_T_abstract, first_n_args_fixed=1, name="r2c_conj"
+    )
     # What jax.grad makes of each, against the gradient of sum(Im(Z x)) over a real x, Im(Z)^T 1 (NumPy):
     # the wrong one flips its sign.
-    loss = lambda f: lambda x: jnp.sum(jnp.imag(f(x)))  # noqa: E731
+    loss = lambda f: lambda x: jnp.sum(jnp.imag(f(x)))
     want = np.imag(Z).sum(axis=0)
     np.testing.assert_allclose(jax.grad(loss(lambda x: good(Z, x)[0]))(X), want, rtol=1e-12)
     np.testing.assert_allclose(jax.grad(loss(lambda x: bad(Z, x)[0]))(X), -want, rtol=1e-12)
     summary = check_op(good, Z, X)  # the argument is real, the output complex: complex cotangents too
     assert [c["argument"] for c in summary.checks if c["check"].startswith("dot product")] == [
-        "argument 1 (real data)", "argument 1 (complex data)"]
-    with pytest.raises(AssertionError, match=r"'r2c_conj': dot product.*argument 1 \(complex data\).*"
-                                             r"not the transpose of f"):
+        "argument 1 (real data)",
+        "argument 1 (complex data)",
+    ]
+    with pytest.raises(
+        AssertionError,
+        match=r"'r2c_conj': dot product.*argument 1 \(complex data\).*"
+        r"not the transpose of f",
+    ):
         check_op(bad, Z, X)
 
 
@@ -120,14 +125,21 @@ def _scaled_sine_ops(align, name, jvp_align=None):
         v, x, ct = args
         out[0][...] = align(v, x) * np.cos(x) * ct
 
-    return jaxbind.get_nonlinear_call(f, (f_jvp, f_vjp), like_last, like_last, first_n_args_fixed=1,
-                                      vmap_method="expand_dims", name=name)
+    return jaxbind.get_nonlinear_call(
+        f, (f_jvp, f_vjp), like_last, like_last, first_n_args_fixed=1, vmap_method="expand_dims", name=name
+    )
 
 
 def test_nested_vmap_is_checked():
     # func_can_batch, right for one level, wrong for two
-    op = jaxbind.get_linear_call(_reverse_innermost_level_only, _reverse_innermost_level_only, batched_abstract,
-                                 batched_abstract, func_can_batch=True, name="one_level")
+    op = jaxbind.get_linear_call(
+        _reverse_innermost_level_only,
+        _reverse_innermost_level_only,
+        batched_abstract,
+        batched_abstract,
+        func_can_batch=True,
+        name="one_level",
+    )
     Y = RNG.standard_normal((2, 3, 3))
     np.testing.assert_allclose(jax.vmap(lambda x: op(x)[0])(Y[0]), Y[0, :, ::-1])
     assert not np.allclose(jax.vmap(jax.vmap(lambda x: op(x)[0]))(Y), Y[:, :, ::-1])
@@ -143,7 +155,9 @@ def test_nested_vmap_is_checked():
     assert not np.allclose(jax.vmap(jax.vmap(lambda v, x: bad(v, x)[0]))(V, Xs), want)
     summary = check_op(good, v, X)
     assert [c["argument"] for c in summary.checks if c["check"] == "vmap of vmap against a loop"] == [
-        "outer 0, inner 1 (0, 0) (0, 1)", "outer None-mixed, inner 1 (0, None) (0, 1)"]
+        "outer 0, inner 1 (0, 0) (0, 1)",
+        "outer None-mixed, inner 1 (0, None) (0, 1)",
+    ]
     with pytest.raises(AssertionError, match=r"'aligned_once': vmap of vmap against a loop failed for outer 0"):
         check_op(bad, v, X)
 
@@ -186,26 +200,40 @@ def _last_batch_axis_abstract(*args, batch_axes=None):  # the output keeps the l
 
 
 def test_func_can_batch_jvp_is_run_batched():
-    make = lambda jvp, name: jaxbind.get_nonlinear_call(  # noqa: E731
-        _sin_flip, (jvp, _sin_flip_vjp), _last_batch_axis_abstract, _last_batch_axis_abstract,
-        func_can_batch=True, name=name)
+    make = lambda jvp, name: jaxbind.get_nonlinear_call(
+        _sin_flip,
+        (jvp, _sin_flip_vjp),
+        _last_batch_axis_abstract,
+        _last_batch_axis_abstract,
+        func_can_batch=True,
+        name=name,
+    )
     good, bad = make(_sin_flip_jvp, "sin_flip"), make(_sin_flip_jvp_ignoring_axes, "jvp_ignores_axes")
     want = jax.jacfwd(lambda x: jnp.sin(x[::-1]))(X)
     np.testing.assert_allclose(jax.jacfwd(lambda x: good(x)[0])(X), want, rtol=1e-12)
     assert not np.allclose(jax.jacfwd(lambda x: bad(x)[0])(X), want)  # jacfwd silently off
     summary = check_op(good, X)
     assert [c["argument"] for c in summary.checks if c["check"] == "batched jvp against a loop"] == [
-        "vmap of jvp, tangents batched (jacfwd)", "vmap of jvp, in_axes (1, 1)", "jvp of vmap, in_axes (0,)"]
-    with pytest.raises(AssertionError, match=r"'jvp_ignores_axes': batched jvp against a loop failed for vmap of "
-                                             r"jvp, tangents batched \(jacfwd\)"):
+        "vmap of jvp, tangents batched (jacfwd)",
+        "vmap of jvp, in_axes (1, 1)",
+        "jvp of vmap, in_axes (0,)",
+    ]
+    with pytest.raises(
+        AssertionError,
+        match=r"'jvp_ignores_axes': batched jvp against a loop failed for vmap of "
+        r"jvp, tangents batched \(jacfwd\)",
+    ):
         check_op(bad, X)
 
 
 def test_expand_dims_rank_mistake_in_f_jvp_is_caught():
     v = jnp.asarray(1.5)
     bad = _scaled_sine_ops(_align, "jvp_unaligned", jvp_align=lambda v, x: v)
-    with pytest.raises(AssertionError, match=r"'jvp_unaligned': batched jvp against a loop failed for vmap of jvp, "
-                                             r"in_axes \(0, 1, 1\)"):
+    with pytest.raises(
+        AssertionError,
+        match=r"'jvp_unaligned': batched jvp against a loop failed for vmap of jvp, "
+        r"in_axes \(0, 1, 1\)",
+    ):
         check_op(bad, v, X)
 
 
@@ -224,20 +252,36 @@ def _sqrt_counted_abstract(c, *tangents):
 
 
 def test_integer_and_bool_outputs_are_not_differentiated():
-    op = jaxbind.get_nonlinear_call(_sqrt_counted, (_sqrt_counted_derivative, _sqrt_counted_derivative),
-                                    _sqrt_counted_abstract, like_last, name="sqrt_counted")
+    op = jaxbind.get_nonlinear_call(
+        _sqrt_counted,
+        (_sqrt_counted_derivative, _sqrt_counted_derivative),
+        _sqrt_counted_abstract,
+        like_last,
+        name="sqrt_counted",
+    )
     c = np.abs(X) + 1
     summary = check_op(op, c)  # used to raise "dtype=float0 is not a valid dtype" inside testing.py
-    assert {"jvp against central differences", "vjp against jvp: <vjp(c),t> == <c,jvp(t)>",
-            "batched jvp against a loop"} <= {e["check"] for e in summary.checks}
+    assert {
+        "jvp against central differences",
+        "vjp against jvp: <vjp(c),t> == <c,jvp(t)>",
+        "batched jvp against a loop",
+    } <= {e["check"] for e in summary.checks}
 
     def wrong(out, args, kwargs_dump):
         out[0][...] = args[1] / np.sqrt(args[0])
 
-    op = jaxbind.get_nonlinear_call(_sqrt_counted, (wrong, _sqrt_counted_derivative), _sqrt_counted_abstract,
-                                    like_last, name="sqrt_counted_wrong_jvp")
-    with pytest.raises(AssertionError, match=r"'sqrt_counted_wrong_jvp': jvp against central differences failed "
-                                             r"for argument 0: .*Measured error 0\.5"):
+    op = jaxbind.get_nonlinear_call(
+        _sqrt_counted,
+        (wrong, _sqrt_counted_derivative),
+        _sqrt_counted_abstract,
+        like_last,
+        name="sqrt_counted_wrong_jvp",
+    )
+    with pytest.raises(
+        AssertionError,
+        match=r"'sqrt_counted_wrong_jvp': jvp against central differences failed "
+        r"for argument 0: .*Measured error 0\.5",
+    ):
         check_op(op, c)
 
     def scale_and_count(out, args, kwargs_dump):
@@ -249,12 +293,14 @@ def test_integer_and_bool_outputs_are_not_differentiated():
         assert count_ct.dtype == np.int32 and count_ct == 0  # zeros of the output's own dtype
         out[0][...] = 3 * y_ct
 
-    count_abstract = lambda x: ((x.shape, x.dtype), ((), np.int32))  # noqa: E731
-    op = jaxbind.get_linear_call(scale_and_count, scale_and_count_T, count_abstract, lambda y, n: ((y.shape, y.dtype),),
-                                 name="scale_and_count")
+    count_abstract = lambda x: ((x.shape, x.dtype), ((), np.int32))
+    op = jaxbind.get_linear_call(
+        scale_and_count, scale_and_count_T, count_abstract, lambda y, n: ((y.shape, y.dtype),), name="scale_and_count"
+    )
     check_op(op, X)  # used to fail: integer outputs were paired with random integer cotangents
-    op = jaxbind.get_linear_call(scale_and_count, scale_and_count, count_abstract, lambda y, n: ((y.shape, y.dtype),),
-                                 name="count_as_transpose")
+    op = jaxbind.get_linear_call(
+        scale_and_count, scale_and_count, count_abstract, lambda y, n: ((y.shape, y.dtype),), name="count_as_transpose"
+    )
     with pytest.raises(AssertionError, match=r"'count_as_transpose': dot product"):
         check_op(op, X)  # the transpose is given f itself: 3 x_ct + nothing, but writes the count too
 
@@ -297,10 +343,18 @@ def test_a_jvp_wrong_in_its_second_output_only_is_caught():
         out[0][...] = np.cos(x) * dx
         out[1][...] = 3 * x * dx  # 2 x dx
 
-    op = jaxbind.get_nonlinear_call(_sine_and_square, (jvp_wrong_in_output_1, _sine_and_square_vjp),
-                                    _two_outputs_abstract, like_last, name="second_output")
-    with pytest.raises(AssertionError, match=r"'second_output': jvp against central differences failed for "
-                                             r"argument 0, output 1: .*Measured error 0\.3"):
+    op = jaxbind.get_nonlinear_call(
+        _sine_and_square,
+        (jvp_wrong_in_output_1, _sine_and_square_vjp),
+        _two_outputs_abstract,
+        like_last,
+        name="second_output",
+    )
+    with pytest.raises(
+        AssertionError,
+        match=r"'second_output': jvp against central differences failed for "
+        r"argument 0, output 1: .*Measured error 0\.3",
+    ):
         check_op(op, X)
 
 
@@ -308,15 +362,20 @@ def test_a_nan_vjp_is_reported_by_the_vjp_check():
     def nan_vjp(out, args, kwargs_dump):
         out[0][...] = np.nan
 
-    op = jaxbind.get_nonlinear_call(wsin, (wsin_jvp, nan_vjp), like_last, like_last, first_n_args_fixed=1,
-                                    name="nan_vjp")
-    with pytest.raises(AssertionError, match=r"'nan_vjp': vjp against jvp: <vjp\(c\),t> == <c,jvp\(t\)> failed for "
-                                             r"argument 1: vjp for argument 1 has 3 non-finite \(NaN or inf\)"):
+    op = jaxbind.get_nonlinear_call(
+        wsin, (wsin_jvp, nan_vjp), like_last, like_last, first_n_args_fixed=1, name="nan_vjp"
+    )
+    with pytest.raises(
+        AssertionError,
+        match=r"'nan_vjp': vjp against jvp: <vjp\(c\),t> == <c,jvp\(t\)> failed for "
+        r"argument 1: vjp for argument 1 has 3 non-finite \(NaN or inf\)",
+    ):
         check_op(op, X, 2 * X)
 
 
 def test_vmap_of_the_vjp_with_an_unbatched_argument_is_checked():
     """expand_dims: a vjp that takes the batch size from w is right only when w is batched."""
+
     def f(out, args, kwargs_dump):
         w, x = args
         out[0][...] = w * np.sin(x)
@@ -333,13 +392,23 @@ def test_vmap_of_the_vjp_with_an_unbatched_argument_is_checked():
         for b in range(w.shape[0]):  # an unbatched w has a size-1 axis here: rows left unwritten
             out[0][b] = w[b] * np.cos(x[b]) * ct[b]
 
-    op = jaxbind.get_nonlinear_call(f, (f_jvp, f_vjp_looping_over_w), like_last, like_last, first_n_args_fixed=1,
-                                    vmap_method="expand_dims", name="vjp_loops_over_w")
+    op = jaxbind.get_nonlinear_call(
+        f,
+        (f_jvp, f_vjp_looping_over_w),
+        like_last,
+        like_last,
+        first_n_args_fixed=1,
+        vmap_method="expand_dims",
+        name="vjp_loops_over_w",
+    )
     W = jnp.asarray(RNG.uniform(1, 2, (3, 3)))
     Xs = jnp.asarray(RNG.standard_normal((3, 3)))
     C = jnp.asarray(RNG.standard_normal((3, 3)))
-    vjp = lambda w, x, c: jax.vjp(lambda x: op(w, x), x)[1]([c])[0]  # noqa: E731
+    vjp = lambda w, x, c: jax.vjp(lambda x: op(w, x), x)[1]([c])[0]
     np.testing.assert_allclose(jax.vmap(vjp)(W, Xs, C), W * np.cos(Xs) * C, rtol=1e-12)  # all batched: right
-    with pytest.raises(AssertionError, match=r"'vjp_loops_over_w': vmap of the vjp against a loop failed for "
-                                             r"in_axes None-mixed \(None, 0\)"):
+    with pytest.raises(
+        AssertionError,
+        match=r"'vjp_loops_over_w': vmap of the vjp against a loop failed for "
+        r"in_axes None-mixed \(None, 0\)",
+    ):
         check_op(op, W[0], Xs[0])

@@ -61,13 +61,17 @@ def test_half_precisions_catch_zero_derivatives(dtype):
     else:  # 8 bits: no step makes finite differences meaningful; said so, not passed
         assert not _checked(summary, FD)
         assert len(summary.skipped) == 1 and summary.skipped[0].startswith(
-            f"{FD} for argument 0: bfloat16 outputs of bfloat16 arguments are too coarse for finite differences")
+            f"{FD} for argument 0: bfloat16 outputs of bfloat16 arguments are too coarse for finite differences"
+        )
         assert "would let a 100 % error pass" in summary.skipped[0] and "skipped" in str(summary)
 
     with pytest.raises(AssertionError, match=r"'zero_T': dot product.*Measured error 1,"):
         check_op(jaxbind.get_linear_call(twice, zero, like_last, like_last, name="zero_T"), x)
-    with pytest.raises(AssertionError, match=r"'zero_jvp': (jvp against central differences|vjp against jvp).*"
-                                             r"Measured error 1,"):
+    with pytest.raises(
+        AssertionError,
+        match=r"'zero_jvp': (jvp against central differences|vjp against jvp).*"
+        r"Measured error 1,",
+    ):
         check_op(jaxbind.get_nonlinear_call(sine, (zero, sine_derivative), like_last, like_last, name="zero_jvp"), x)
     with pytest.raises(AssertionError, match=r"'zero_vjp': vjp against jvp.*Measured error 1,"):
         check_op(jaxbind.get_nonlinear_call(sine, (sine_derivative, zero), like_last, like_last, name="zero_vjp"), x)
@@ -83,8 +87,8 @@ def _with_a_bfloat16_sum_T(out, args, kwargs_dump):
 
 
 def test_a_low_precision_output_does_not_loosen_the_others():
-    abstract = lambda x: ((x.shape, x.dtype), ((1,), jnp.bfloat16))  # noqa: E731
-    abstract_T = lambda y, s: ((y.shape, y.dtype),)  # noqa: E731
+    abstract = lambda x: ((x.shape, x.dtype), ((1,), jnp.bfloat16))
+    abstract_T = lambda y, s: ((y.shape, y.dtype),)
     good = jaxbind.get_linear_call(_with_a_bfloat16_sum, _with_a_bfloat16_sum_T, abstract, abstract_T, name="sum16")
     check_op(good, X)
     # The float64 output is checked at float64's precision: a 1-element bfloat16 output was enough to admit
@@ -96,14 +100,16 @@ def test_a_low_precision_output_does_not_loosen_the_others():
         out[0][...] = 2.02 * args[0] + args[1].astype(np.float64)
 
     with pytest.raises(AssertionError, match=r"'sum16_off': dot product.*on output 0 alone.*Measured error 0\.0099"):
-        check_op(jaxbind.get_linear_call(_with_a_bfloat16_sum, one_percent_off, abstract, abstract_T,
-                                         name="sum16_off"), X)
+        check_op(
+            jaxbind.get_linear_call(_with_a_bfloat16_sum, one_percent_off, abstract, abstract_T, name="sum16_off"), X
+        )
 
 
 def test_norms_neither_overflow_nor_underflow():
     def scale(factor):
         def f(out, args, kwargs_dump):
             out[0][...] = factor * args[0]
+
         return f
 
     big = jaxbind.get_linear_call(scale(1e200), scale(1e200), like_last, like_last, name="big")
@@ -125,8 +131,9 @@ def _offset_sine(out, args, kwargs_dump):
 
 def test_a_large_offset_passes_and_a_wrong_jvp_is_still_caught():
     x = np.array([0.7, 1.3, -2.1, 2.6])
-    op = jaxbind.get_nonlinear_call(_offset_sine, (sine_derivative, sine_derivative), like_last, like_last,
-                                    name="offset")
+    op = jaxbind.get_nonlinear_call(
+        _offset_sine, (sine_derivative, sine_derivative), like_last, like_last, name="offset"
+    )
     np.testing.assert_allclose(op(x)[0], 1e4 + np.sin(x), rtol=1e-15)
     summary = check_op(op, x)  # used to fail: error 1.24e-9, tolerance 3e-10
     (fd,) = _checked(summary, FD)
@@ -138,16 +145,20 @@ def test_a_large_offset_passes_and_a_wrong_jvp_is_still_caught():
     def one_percent_off(out, args, kwargs_dump):
         out[0][...] = 1.01 * np.cos(args[0]) * args[1]
 
-    wrong = jaxbind.get_nonlinear_call(_offset_sine, (one_percent_off, one_percent_off), like_last, like_last,
-                                       name="offset_wrong")
-    with pytest.raises(AssertionError, match=r"'offset_wrong': jvp against central differences.*Measured error 0\.0099"):
+    wrong = jaxbind.get_nonlinear_call(
+        _offset_sine, (one_percent_off, one_percent_off), like_last, like_last, name="offset_wrong"
+    )
+    with pytest.raises(
+        AssertionError, match=r"'offset_wrong': jvp against central differences.*Measured error 0\.0099"
+    ):
         check_op(wrong, x)
 
 
-@pytest.mark.parametrize("fn, derivative, wrong", [
-    (np.log, lambda x: 1 / x, lambda x: 1 / (2 * x)),
-    (np.sqrt, lambda x: 0.5 / np.sqrt(x), lambda x: 1 / np.sqrt(x)),
-], ids=["log", "sqrt"])
+@pytest.mark.parametrize(
+    "fn, derivative, wrong",
+    [(np.log, lambda x: 1 / x, lambda x: 1 / (2 * x)), (np.sqrt, lambda x: 0.5 / np.sqrt(x), lambda x: 1 / np.sqrt(x))],
+    ids=["log", "sqrt"],
+)
 def test_finite_difference_steps_stay_in_each_elements_domain(fn, derivative, wrong):
     x = np.array([1e-2, 1.0, 1e2])  # one step of the rms for all left the domain: error NaN
 
@@ -192,8 +203,9 @@ def test_a_kink_within_the_first_step_does_not_fail_a_correct_interpolant():
     np.testing.assert_allclose(jax.jacfwd(lambda x: op(x)[0])(x), np.diag(_slopes(x)), rtol=1e-12)
     (fd,) = _checked(check_op(op, x), FD)
     assert fd["error"] <= fd["tolerance"]
-    wrong = jaxbind.get_nonlinear_call(_interpolate, (neighbours_slope, neighbours_slope), like_last, like_last,
-                                       name="interp_wrong")
+    wrong = jaxbind.get_nonlinear_call(
+        _interpolate, (neighbours_slope, neighbours_slope), like_last, like_last, name="interp_wrong"
+    )
     with pytest.raises(AssertionError, match=r"'interp_wrong': jvp against central differences.*every step tried"):
         check_op(wrong, x)
 
@@ -208,11 +220,15 @@ def _double_times(out, args, kwargs_dump):  # jvp (x, t) and vjp (x, ct) alike
 
 
 def test_fd_rtol_admits_an_op_computed_to_its_own_accuracy():
-    op = jaxbind.get_nonlinear_call(_square_with_solver_error, (_double_times, _double_times), like_last, like_last,
-                                    name="inexact_square")
+    op = jaxbind.get_nonlinear_call(
+        _square_with_solver_error, (_double_times, _double_times), like_last, like_last, name="inexact_square"
+    )
     x = jnp.asarray([0.3, 1.1, -0.7])
-    with pytest.raises(AssertionError, match=r"'inexact_square': jvp against central differences failed for "
-                                             r"argument 0: .*no fd_rtol.*pass fd_rtol= its relative accuracy"):
+    with pytest.raises(
+        AssertionError,
+        match=r"'inexact_square': jvp against central differences failed for "
+        r"argument 0: .*no fd_rtol.*pass fd_rtol= its relative accuracy",
+    ):
         check_op(op, x)
     summary = check_op(op, x, fd_rtol=1e-3)
     (fd,) = _checked(summary, FD)
@@ -221,8 +237,9 @@ def test_fd_rtol_admits_an_op_computed_to_its_own_accuracy():
     def four_times(out, args, kwargs_dump):  # wrong by more than fd_rtol: still caught
         out[0][...] = 4 * args[0] * args[1]
 
-    op = jaxbind.get_nonlinear_call(_square_with_solver_error, (four_times, _double_times), like_last, like_last,
-                                    name="inexact_square_wrong")
+    op = jaxbind.get_nonlinear_call(
+        _square_with_solver_error, (four_times, _double_times), like_last, like_last, name="inexact_square_wrong"
+    )
     with pytest.raises(AssertionError, match=r"'inexact_square_wrong': jvp against.*fd_rtol=0\.001"):
         check_op(op, x, fd_rtol=1e-3)
 
@@ -243,8 +260,8 @@ def _from_single_off(out, args, kwargs_dump):
 
 
 def test_mixed_float64_float32_op_is_held_to_float32():
-    abstract = lambda x: (((4,), np.float32),)  # noqa: E731
-    abstract_T = lambda y: (((5,), np.float64),)  # noqa: E731
+    abstract = lambda x: (((4,), np.float32),)
+    abstract_T = lambda y: (((5,), np.float64),)
     good = jaxbind.get_linear_call(_to_single, _from_single, abstract, abstract_T, name="single")
     np.testing.assert_allclose(good(X)[0], A @ X, rtol=1e-6)
     eps32, eps64 = float(np.finfo(np.float32).eps), float(np.finfo(np.float64).eps)

@@ -18,7 +18,7 @@ from jaxbind.contrib import jaxducc0
 pmp = pytest.mark.parametrize
 FLOAT = (np.dtype(np.float32), np.dtype(np.float64))
 COMPLEX = (np.dtype(np.complex64), np.dtype(np.complex128))
-DTYPE_ID = lambda d: d.name  # noqa: E731
+DTYPE_ID = lambda d: d.name
 
 
 @contextlib.contextmanager
@@ -49,14 +49,25 @@ FFT_CASES = [  # shape, kwargs
 
 FFTS = [  # name, the op, ducc0's function, its dtypes, its cases (shape, kwargs)
     ("c2c", jaxducc0.c2c, ducc0.fft.c2c, COMPLEX, FFT_CASES),
-    ("genuine_fht", jaxducc0.genuine_fht, ducc0.fft.genuine_fht, FLOAT,
-     [FFT_CASES[0], ((3, 4, 5), dict(axes=(0, 2), inorm=1))]),
+    (
+        "genuine_fht",
+        jaxducc0.genuine_fht,
+        ducc0.fft.genuine_fht,
+        FLOAT,
+        [FFT_CASES[0], ((3, 4, 5), dict(axes=(0, 2), inorm=1))],
+    ),
 ]
 
 
-@pmp("op,ref,shape,kw,dtype", [
-    pytest.param(op, ref, shape, kw, dtype, id=f"{name}-{'x'.join(map(str, shape))}-{dtype.name}")
-    for name, op, ref, dtypes, cases in FFTS for shape, kw in cases for dtype in dtypes])
+@pmp(
+    "op,ref,shape,kw,dtype",
+    [
+        pytest.param(op, ref, shape, kw, dtype, id=f"{name}-{'x'.join(map(str, shape))}-{dtype.name}")
+        for name, op, ref, dtypes, cases in FFTS
+        for shape, kw in cases
+        for dtype in dtypes
+    ],
+)
 def test_fft(op, ref, shape, kw, dtype, rand, tol, check_grads):
     x = rand(*shape, dtype=dtype)
     want = ref(x, **kw)
@@ -241,16 +252,24 @@ def test_healpix_sht_vmap_and_grad(rng):
 
     got = jax.jit(field)(xb)
     want = np.stack(
-        [ducc0.sht.synthesis(alm=jaxducc0.realalm2alm(xb[:, i][None], lmax), lmax=lmax, mmax=mmax,
-                             spin=0, **geometry)[0] for i in range(3)],
+        [
+            ducc0.sht.synthesis(
+                alm=jaxducc0.realalm2alm(xb[:, i][None], lmax), lmax=lmax, mmax=mmax, spin=0, **geometry
+            )[0]
+            for i in range(3)
+        ],
         axis=1,
     )
     assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     g = jax.jit(jax.grad(lambda x: jnp.sum(field(x) ** 2)))(xb)
     want_g = np.stack(
-        [2 * jaxducc0.alm2realalm(ducc0.sht.adjoint_synthesis(map=want[:, i][None], lmax=lmax, mmax=mmax,
-                                                               spin=0, **geometry), lmax)[0]
-         for i in range(3)],
+        [
+            2
+            * jaxducc0.alm2realalm(
+                ducc0.sht.adjoint_synthesis(map=want[:, i][None], lmax=lmax, mmax=mmax, spin=0, **geometry), lmax
+            )[0]
+            for i in range(3)
+        ],
         axis=1,
     )
     assert_allclose(g, want_g, rtol=1e-12, atol=1e-12)
@@ -272,16 +291,23 @@ def test_healpix_sht_nested_vmap_is_one_ducc0_call(spin, rng, monkeypatch):
         for j in range(4):
             alm = jaxducc0.realalm2alm(xb[i, :, j], lmax)
             want[:, i, :, j] = ducc0.sht.synthesis(alm=alm, lmax=lmax, mmax=mmax, spin=spin, **geometry)
-            adj = ducc0.sht.adjoint_synthesis(map=np.ascontiguousarray(ct[:, i, :, j]), lmax=lmax, mmax=mmax,
-                                              spin=spin, **geometry)
+            adj = ducc0.sht.adjoint_synthesis(
+                map=np.ascontiguousarray(ct[:, i, :, j]), lmax=lmax, mmax=mmax, spin=spin, **geometry
+            )
             want_t[i, :, j] = jaxducc0.alm2realalm(adj, lmax)
     vjp = jax.jit(lambda x, c: jax.vjp(f, x)[1](c)[0])
     f(xb).block_until_ready(), vjp(xb, ct).block_until_ready()  # compile first
     calls = []
     for name in ("synthesis", "adjoint_synthesis"):
         inner = getattr(ducc0.sht, name)
-        monkeypatch.setattr(ducc0.sht, name, lambda inner=inner, name=name, **k: (
-            calls.append((name, (k.get("alm") if name == "synthesis" else k.get("map")).shape)), inner(**k))[1])
+        monkeypatch.setattr(
+            ducc0.sht,
+            name,
+            lambda inner=inner, name=name, **k: (
+                calls.append((name, (k.get("alm") if name == "synthesis" else k.get("map")).shape)),
+                inner(**k),
+            )[1],
+        )
     got = f(xb)
     assert calls == [("synthesis", (12, ncomp, jaxducc0.nalm(lmax, mmax)))]
     assert_allclose(got, want, rtol=1e-12, atol=1e-12)
@@ -337,13 +363,13 @@ def test_wgridder(dtype, rng, rand, check_grads):
     cdtype = np.result_type(dtype, np.complex64)
     assert vis.shape == (uvw.shape[0], freq.shape[0]) and vis.dtype == cdtype
     assert_allclose(vis, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
-    assert_allclose(jax.jit(lambda d: grid(uvw, freq, d)[0])(dirty), want, rtol=1e-6,
-                    atol=1e-6 * np.abs(want).max())
+    assert_allclose(jax.jit(lambda d: grid(uvw, freq, d)[0])(dirty), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
     # The transpose: ducc0's vis2dirty of the conjugated cotangent.
     ct = rand(*vis.shape, dtype=cdtype)
     (dt,) = jax.linear_transpose(lambda d: grid(uvw, freq, d)[0], dirty)(ct)
-    want_t = ducc0.wgridder.experimental.vis2dirty(uvw=uvw, freq=freq, vis=ct.conj(), npix_x=params["npix_x"],
-                                                   npix_y=params["npix_y"], **direct)
+    want_t = ducc0.wgridder.experimental.vis2dirty(
+        uvw=uvw, freq=freq, vis=ct.conj(), npix_x=params["npix_x"], npix_y=params["npix_y"], **direct
+    )
     assert dt.dtype == dtype
     assert_allclose(dt, want_t, rtol=1e-6, atol=1e-6 * np.abs(want_t).max())
     jaxbind.testing.check_op(grid.func, uvw, freq, dirty, **grid.keywords)

@@ -2,13 +2,13 @@
 readable error naming the op, and a failing element of a walk reports its own message only.
 """
 
+import _kernels
 import jax
 import numpy as np
 import pytest
+from zoo import like_last
 
 import jaxbind
-import _kernels
-from zoo import like_last
 
 LIB = _kernels.load()
 

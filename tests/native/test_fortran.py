@@ -340,24 +340,42 @@ def test_module_ships_beside_the_header():
 
 
 class ArrayMirror(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("rank", ctypes.c_int64), ("dtype", ctypes.c_int64)]
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("rank", ctypes.c_int64),
+        ("dtype", ctypes.c_int64),
+    ]
 
 
 class KwargMirror(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_char_p), ("type", ctypes.c_int64), ("size", ctypes.c_int64),
-                ("int_value", ctypes.c_int64), ("float_value", ctypes.c_double),
-                ("string_value", ctypes.c_char_p), ("int_array", ctypes.POINTER(ctypes.c_int64)),
-                ("float_array", ctypes.POINTER(ctypes.c_double))]
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("type", ctypes.c_int64),
+        ("size", ctypes.c_int64),
+        ("int_value", ctypes.c_int64),
+        ("float_value", ctypes.c_double),
+        ("string_value", ctypes.c_char_p),
+        ("int_array", ctypes.POINTER(ctypes.c_int64)),
+        ("float_array", ctypes.POINTER(ctypes.c_double)),
+    ]
 
 
 class CallMirror(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_int64), ("abi_version", ctypes.c_int64),
-                ("n_out", ctypes.c_int64), ("out", ctypes.POINTER(ArrayMirror)),
-                ("n_in", ctypes.c_int64), ("in", ctypes.POINTER(ArrayMirror)),
-                ("n_kwargs", ctypes.c_int64), ("kwargs", ctypes.POINTER(KwargMirror)),
-                ("error", ctypes.c_void_p), ("error_size", ctypes.c_int64),
-                ("kwarg_error", ctypes.c_void_p), ("kwarg_error_size", ctypes.c_int64)]
+    _fields_ = [
+        ("struct_size", ctypes.c_int64),
+        ("abi_version", ctypes.c_int64),
+        ("n_out", ctypes.c_int64),
+        ("out", ctypes.POINTER(ArrayMirror)),
+        ("n_in", ctypes.c_int64),
+        ("in", ctypes.POINTER(ArrayMirror)),
+        ("n_kwargs", ctypes.c_int64),
+        ("kwargs", ctypes.POINTER(KwargMirror)),
+        ("error", ctypes.c_void_p),
+        ("error_size", ctypes.c_int64),
+        ("kwarg_error", ctypes.c_void_p),
+        ("kwarg_error_size", ctypes.c_int64),
+    ]
 
 
 def ctypes_layout():
@@ -392,8 +410,20 @@ def test_the_trampoline_fills_the_call_fortran_sees(flib):
 def call_directly(kernel, error_size):
     """Call a kernel through ctypes with a hand-made call: its return and error buffer."""
     buffer = ctypes.create_string_buffer(max(error_size, 1))
-    call = CallMirror(ctypes.sizeof(CallMirror), 2, 0, None, 0, None, 0, None,
-                      ctypes.cast(buffer, ctypes.c_void_p) if error_size >= 0 else None, max(error_size, 0), None, 0)
+    call = CallMirror(
+        ctypes.sizeof(CallMirror),
+        2,
+        0,
+        None,
+        0,
+        None,
+        0,
+        None,
+        ctypes.cast(buffer, ctypes.c_void_p) if error_size >= 0 else None,
+        max(error_size, 0),
+        None,
+        0,
+    )
     typed = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(CallMirror))(ctypes.cast(kernel, ctypes.c_void_p).value)
     return typed(ctypes.byref(call)), buffer.raw
 
@@ -419,7 +449,7 @@ def x(rng):
 
 def test_linear_kernel_under_jit_grad_vmap(flib, x, rng):
     op = jaxbind.get_linear_call(flib.fscale, flib.fscale, like_last, like_last)
-    f = lambda v: op(v, factor=-1.5)[0]  # noqa: E731
+    f = lambda v: op(v, factor=-1.5)[0]
     np.testing.assert_allclose(f(x), -1.5 * x, rtol=1e-15)
     np.testing.assert_allclose(jax.jit(f)(x), -1.5 * x, rtol=1e-15)
     np.testing.assert_allclose(jax.grad(lambda v: jnp.sum(jnp.sin(f(v))))(x), -1.5 * jnp.cos(-1.5 * x), rtol=1e-14)
@@ -432,12 +462,11 @@ def test_linear_kernel_under_jit_grad_vmap(flib, x, rng):
 
 
 def test_nonlinear_kernel_under_jit_grad_vmap(flib, x, rng):
-    op = jaxbind.get_nonlinear_call(
-        flib.fxsin, (flib.fxsin_derivative, flib.fxsin_derivative), like_first, like_first)
-    f = lambda v: op(v)[0]  # noqa: E731
-    reference = lambda v: v * jnp.sin(v)  # noqa: E731
+    op = jaxbind.get_nonlinear_call(flib.fxsin, (flib.fxsin_derivative, flib.fxsin_derivative), like_first, like_first)
+    f = lambda v: op(v)[0]
+    reference = lambda v: v * jnp.sin(v)
     np.testing.assert_allclose(jax.jit(f)(x), reference(x), rtol=1e-14)
-    loss = lambda g: lambda v: jnp.sum(jnp.exp(g(v)))  # noqa: E731
+    loss = lambda g: lambda v: jnp.sum(jnp.exp(g(v)))
     np.testing.assert_allclose(jax.jit(jax.grad(loss(f)))(x), jax.grad(loss(reference))(x), rtol=1e-13)
     t = rng.standard_normal(x.shape)
     np.testing.assert_allclose(jax.jvp(f, (x,), (t,))[1], jax.jvp(reference, (x,), (t,))[1], rtol=1e-13)
@@ -447,14 +476,18 @@ def test_nonlinear_kernel_under_jit_grad_vmap(flib, x, rng):
 
 
 def test_row_major_matrix_seen_from_fortran(flib, rng):
-    op = jaxbind.get_linear_call(flib.frow_sums, flib.frow_sums_transposed,
-                                 lambda a: (((a.shape[0],), a.dtype),),
-                                 lambda s: (((s.shape[0], 5), s.dtype),))
+    op = jaxbind.get_linear_call(
+        flib.frow_sums,
+        flib.frow_sums_transposed,
+        lambda a: (((a.shape[0],), a.dtype),),
+        lambda s: (((s.shape[0], 5), s.dtype),),
+    )
     a = rng.standard_normal((3, 5))
-    f = lambda m: op(m)[0]  # noqa: E731
+    f = lambda m: op(m)[0]
     np.testing.assert_allclose(jax.jit(f)(a), a.sum(axis=1), rtol=1e-14)
-    np.testing.assert_allclose(jax.vmap(f, in_axes=2)(np.stack([a, 2 * a], axis=2)),
-                               [a.sum(axis=1), 2 * a.sum(axis=1)], rtol=1e-14)
+    np.testing.assert_allclose(
+        jax.vmap(f, in_axes=2)(np.stack([a, 2 * a], axis=2)), [a.sum(axis=1), 2 * a.sum(axis=1)], rtol=1e-14
+    )
     w = rng.standard_normal(3)
     np.testing.assert_allclose(jax.grad(lambda m: jnp.dot(w, f(m)))(a), np.repeat(w[:, None], 5, axis=1), rtol=1e-15)
     jax.test_util.check_grads(f, (a,), order=1, modes=("rev",))
@@ -480,8 +513,11 @@ def test_kwargs_read_from_fortran(flib):
 
 def test_kernel_error_reaches_python_naming_the_op(flib):
     op = jaxbind.get_nonlinear_call(flib.ffail, None, like_first, None, name="thomas_solve")
-    with pytest.raises(RuntimeError, match=r"(?m)jaxbind op 'thomas_solve': native kernel failed: "
-                                           r"ffail: zero pivot at row 17$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"(?m)jaxbind op 'thomas_solve': native kernel failed: "
+        r"ffail: zero pivot at row 17$",
+    ):
         jax.block_until_ready(jax.jit(lambda v: op(v, row=17)[0])(np.ones(2)))
     with pytest.raises(RuntimeError, match=r"(?m)jaxbind op 'thomas_solve'.*zero pivot at row 3$"):
         jax.block_until_ready(jax.vmap(lambda v: op(v, row=3)[0])(np.ones((4, 2))))
@@ -489,8 +525,11 @@ def test_kernel_error_reaches_python_naming_the_op(flib):
 
 def test_blank_padded_message_and_dtype_check(flib):
     op = jaxbind.get_linear_call(flib.fscale, flib.fscale, like_last, like_last)
-    with pytest.raises(RuntimeError, match=r"(?m)op 'fscale': native kernel failed: fscale: input has dtype code 11, "
-                                           r"only float64 \(12\) is supported$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"(?m)op 'fscale': native kernel failed: fscale: input has dtype code 11, "
+        r"only float64 \(12\) is supported$",
+    ):
         jax.block_until_ready(jax.jit(lambda v: op(v)[0])(np.ones(3, np.float32)))
     np.testing.assert_allclose(op(np.ones(3))[0], 2.0 * np.ones(3))  # the process goes on
 
@@ -505,13 +544,26 @@ def test_long_message_is_cut_to_the_buffer(flib):
 
 # The accessors: what each reads, and the call failing, with the header's message, on what it cannot read.
 FORTRAN_READS = [
-    (0, 5, [5, 1, 0]), (0, True, [1, 1, 0]), (0, 2.5, "a float (2.5)"), (0, "5", "a string ('5')"),
-    (1, 3, [3, 1, 0]), (1, 0.75, [0.75, 1, 0]), (1, True, "a bool (True)"), (1, [0.5], "a float array of 1 entry"),
+    (0, 5, [5, 1, 0]),
+    (0, True, [1, 1, 0]),
+    (0, 2.5, "a float (2.5)"),
+    (0, "5", "a string ('5')"),
+    (1, 3, [3, 1, 0]),
+    (1, 0.75, [0.75, 1, 0]),
+    (1, True, "a bool (True)"),
+    (1, [0.5], "a float array of 1 entry"),
     (1, "x" * 50, "a string ('" + "x" * 40 + "...')"),
-    (2, True, [1, 1, 0]), (2, 0, [0, 1, 0]), (2, 2, "an int (2)"),
-    (3, "héllo", [ord("h"), len("héllo".encode()), 0]), (3, 5, "an int (5)"),
-    (4, [1, 2, 39], [42, 3, 0]), (4, [], [0, 0, 0]), (4, [0.5, 1.0], "a float array of 2 entries"),
-    (5, [0.5, 1.25], [1.75, 2, 0]), (5, np.array([], np.int64), [0, 0, 0]), (5, [1, 2], "an int array of 2 entries"),
+    (2, True, [1, 1, 0]),
+    (2, 0, [0, 1, 0]),
+    (2, 2, "an int (2)"),
+    (3, "héllo", [ord("h"), len("héllo".encode()), 0]),
+    (3, 5, "an int (5)"),
+    (4, [1, 2, 39], [42, 3, 0]),
+    (4, [], [0, 0, 0]),
+    (4, [0.5, 1.0], "a float array of 2 entries"),
+    (5, [0.5, 1.25], [1.75, 2, 0]),
+    (5, np.array([], np.int64), [0, 0, 0]),
+    (5, [1, 2], "an int array of 2 entries"),
 ]
 FORTRAN_ABSENT = {0: [-7, 1, 1], 1: [-2.5, 1, 1], 2: [0, 1, 1], 3: [ord("f"), 8, 1], 4: [0, 0, 1], 5: [0, 0, 1]}
 
@@ -543,8 +595,11 @@ def test_an_absent_kwarg_reads_as_the_fallback_in_fortran(flib, how):
 
 def test_a_kwarg_error_in_fortran_fails_a_walk(flib):
     op = jaxbind.get_linear_call(flib.fscale, flib.fscale, like_last, like_last)
-    with pytest.raises(RuntimeError, match=r"(?m)^INTERNAL: jaxbind op 'fscale': native kernel failed: keyword "
-                                           r"argument 'factor' is a string \('2'\), but the kernel reads it as a "
-                                           r"float \(jaxbind_kwarg_float\): pass a float \(or an int\)$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"(?m)^INTERNAL: jaxbind op 'fscale': native kernel failed: keyword "
+        r"argument 'factor' is a string \('2'\), but the kernel reads it as a "
+        r"float \(jaxbind_kwarg_float\): pass a float \(or an int\)$",
+    ):
         jax.block_until_ready(jax.jit(jax.vmap(lambda v: op(v, factor="2")[0]))(np.ones((3, 2))))
     np.testing.assert_array_equal(jax.vmap(lambda v: op(v, factor=2)[0])(np.ones((3, 2))), 2 * np.ones((3, 2)))

@@ -11,16 +11,16 @@ with an independent reference written in jax.numpy or NumPy.
 import ctypes
 import re
 
+import _kernels
 import jax
 import jax.numpy as jnp
 import jax.test_util
 import numpy as np
 import pytest
-
-import _kernels
-import jaxbind
 from _shared import sample
 from zoo import scale_op
+
+import jaxbind
 
 LIB = _kernels.load()
 
@@ -47,11 +47,28 @@ def like_first(*args, **kwargs):
 # ---------------------------------------------------------------------------
 
 DTYPE_CODES = {
-    "bool": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5,
-    "uint8": 6, "uint16": 7, "uint32": 8, "uint64": 9,
-    "float16": 10, "float32": 11, "float64": 12, "complex64": 15, "bfloat16": 16,
-    "complex128": 18, "float8_e5m2": 19, "float8_e4m3fn": 20, "float8_e4m3b11fnuz": 23,
-    "float8_e5m2fnuz": 24, "float8_e4m3fnuz": 25, "float8_e4m3": 28, "float8_e3m4": 29,
+    "bool": 1,
+    "int8": 2,
+    "int16": 3,
+    "int32": 4,
+    "int64": 5,
+    "uint8": 6,
+    "uint16": 7,
+    "uint32": 8,
+    "uint64": 9,
+    "float16": 10,
+    "float32": 11,
+    "float64": 12,
+    "complex64": 15,
+    "bfloat16": 16,
+    "complex128": 18,
+    "float8_e5m2": 19,
+    "float8_e4m3fn": 20,
+    "float8_e4m3b11fnuz": 23,
+    "float8_e5m2fnuz": 24,
+    "float8_e4m3fnuz": 25,
+    "float8_e4m3": 28,
+    "float8_e3m4": 29,
 }
 FLOAT8 = [name for name in DTYPE_CODES if name.startswith("float8")]
 
@@ -69,8 +86,7 @@ def copy_any_abstract(x, **kwargs):
 
 
 copy_any_op = jaxbind.get_nonlinear_call(
-    LIB.jb_copy_any, (LIB.jb_copy_any, LIB.jb_copy_any), copy_any_abstract, copy_any_abstract,
-    first_n_args_fixed=1,
+    LIB.jb_copy_any, (LIB.jb_copy_any, LIB.jb_copy_any), copy_any_abstract, copy_any_abstract, first_n_args_fixed=1
 )
 
 
@@ -89,6 +105,7 @@ def test_every_non_float8_dtype_is_supported():
     # jaxbind itself maps each to its code (JAX having the dtype is not enough), and
     # an op passes each one through, both ways.
     from jaxbind._runtime import SUPPORTED_DTYPES
+
     for name in DTYPE_CODES:
         if name not in FLOAT8:
             assert SUPPORTED_DTYPES.get(jnp.dtype(name)) == DTYPE_CODES[name], name
@@ -102,8 +119,9 @@ def test_every_non_float8_dtype_is_supported():
 def test_copy_any_under_vmap(name):
     xs = sample(name, (4, 2, 3), seed=1, full_range=True)
     y, codes = jax.vmap(lambda v: copy_any_op(v), in_axes=1)(xs)
-    np.testing.assert_array_equal(np.asarray(y).view(np.uint8),
-                                  np.ascontiguousarray(np.moveaxis(xs, 1, 0)).view(np.uint8))
+    np.testing.assert_array_equal(
+        np.asarray(y).view(np.uint8), np.ascontiguousarray(np.moveaxis(xs, 1, 0)).view(np.uint8)
+    )
     np.testing.assert_array_equal(codes, np.full(2, DTYPE_CODES[name]))
 
 
@@ -117,7 +135,10 @@ def probe_abstract(x, **kwargs):
 
 
 probe_op = jaxbind.get_nonlinear_call(
-    LIB.jb_kwargs_probe, (LIB.jb_kwargs_probe, LIB.jb_kwargs_probe), probe_abstract, probe_abstract,
+    LIB.jb_kwargs_probe,
+    (LIB.jb_kwargs_probe, LIB.jb_kwargs_probe),
+    probe_abstract,
+    probe_abstract,
     first_n_args_fixed=1,
 )
 
@@ -127,8 +148,14 @@ def test_kwargs_probe(variant):
     if variant == "python":
         kwargs = dict(i=-7, f=2.5, b=True, s="hello", ints=[1, 2, 39], floats=np.array([0.5, 1.25]))
     else:
-        kwargs = dict(i=np.int32(-7), f=np.float32(2.5), b=np.bool_(True), s="hello",
-                      ints=np.array([1, 2, 39], dtype=np.int16), floats=(0.5, 1.25))
+        kwargs = dict(
+            i=np.int32(-7),
+            f=np.float32(2.5),
+            b=np.bool_(True),
+            s="hello",
+            ints=np.array([1, 2, 39], dtype=np.int16),
+            floats=(0.5, 1.25),
+        )
     report = jax.jit(lambda v: probe_op(v, **kwargs)[0])(np.zeros(1))
     np.testing.assert_array_equal(report, [-7, 2.5, 1, 5, ord("h"), 42, 1.75, 6])
     np.testing.assert_array_equal(probe_op(np.zeros(1), **kwargs)[0], report)  # eager too
@@ -137,8 +164,7 @@ def test_kwargs_probe(variant):
 def test_kwargs_probe_conversions():
     # a non-ASCII string arrives as UTF-8 (size in bytes); an int where a float
     # is read converts; bools are 0/1; an empty int list has size 0.
-    report = probe_op(np.zeros(1), i=2**62, f=3, b=False, s="été", ints=[], floats=[-1.5],
-                      extra="not read")[0]
+    report = probe_op(np.zeros(1), i=2**62, f=3, b=False, s="été", ints=[], floats=[-1.5], extra="not read")[0]
     np.testing.assert_array_equal(report, [float(2**62), 3.0, 0, len("été".encode()), 0xC3, 0, -1.5, 7])
     # a float list of integers is an int array: the kernel refuses it itself
     with pytest.raises(RuntimeError, match=r"op 'jb_kwargs_probe'.*kwargs of unexpected types"):
@@ -146,13 +172,14 @@ def test_kwargs_probe_conversions():
 
 
 def test_empty_float_array_kwarg_is_a_float_array():
-    report = probe_op(np.zeros(1), i=1, f=1.0, b=True, s="x", ints=np.array([], np.int64),
-                      floats=np.array([], np.float64))[0]
+    report = probe_op(
+        np.zeros(1), i=1, f=1.0, b=True, s="x", ints=np.array([], np.int64), floats=np.array([], np.float64)
+    )[0]
     np.testing.assert_array_equal(report, [1, 1.0, 1, 1, ord("x"), 0, 0.0, 6])
 
 
 def test_kwarg_values_select_distinct_compiled_calls():
-    f = lambda v, **kw: scale_op(v, **kw)[0]  # noqa: E731
+    f = lambda v, **kw: scale_op(v, **kw)[0]
     x = np.arange(3.0)
     for factor in (0.5, 4.0, 0.5):
         np.testing.assert_allclose(jax.jit(lambda v: f(v, factor=factor))(x), factor * x)
@@ -172,8 +199,11 @@ def test_calls_of_many_buffers(n_in, n_out):
     rng = np.random.default_rng(n_in * 100 + n_out)
     xs = [rng.standard_normal((2, 3)) for _ in range(n_in)]
     expected = [sum(xs, np.full((2, 3), float(j))) for j in range(n_out)]  # (the kernel's order of sums)
-    for outs in (sum_inputs_op(*xs, n_out=n_out), sum_inputs_op(*xs, n_out=n_out),
-                 jax.jit(lambda *v: sum_inputs_op(*v, n_out=n_out))(*xs)):
+    for outs in (
+        sum_inputs_op(*xs, n_out=n_out),
+        sum_inputs_op(*xs, n_out=n_out),
+        jax.jit(lambda *v: sum_inputs_op(*v, n_out=n_out))(*xs),
+    ):
         assert len(outs) == n_out
         for got, want in zip(outs, expected):
             np.testing.assert_allclose(got, want, rtol=1e-14)
@@ -185,8 +215,11 @@ def test_calls_of_many_buffers(n_in, n_out):
 @pytest.mark.parametrize("n_in", [2, 17])
 def test_a_kernel_message_reaches_python_either_way(n_in):
     xs = [np.ones(3)] * (n_in - 1) + [np.ones(4)]
-    with pytest.raises(RuntimeError, match=rf"op 'jb_sum_inputs'.*native kernel failed: jb_sum_inputs: "
-                                           rf"input {n_in - 1} is not float64 of one size"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"op 'jb_sum_inputs'.*native kernel failed: jb_sum_inputs: "
+        rf"input {n_in - 1} is not float64 of one size",
+    ):
         jax.block_until_ready(jax.jit(lambda *v: sum_inputs_op(*v, n_out=1))(*xs))
 
 
@@ -258,30 +291,48 @@ def test_non_callable_non_kernel_is_a_type_error(bad):
         jaxbind.get_nonlinear_call(LIB.jb_xsin, (bad, LIB.jb_xsin), like_first, like_first)
 
 
-@pytest.mark.parametrize("value, why", [
-    ({"a": 1}, "dict"),
-    ([[1, 2], [3, 4]], "of 2 dimensions"),
-    ([[1, 2], [3]], "list"),
-    (1 + 2j, "complex"),
-    (np.ones((2, 2)), "of 2 dimensions"),
-    (["a", "b"], "of dtype <U1"),
-    (np.array([1 + 1j]), "of dtype complex128"),
-    (None, "NoneType"),
-    (2**63, "does not fit in 64 bits"),
-    ("a\0b", "contains a NUL character"),
-    (np.array([1, 2**63], dtype=np.uint64), "does not fit in a signed 64-bit integer"),
-    ("a\ud800b", "contains a lone surrogate"),
-], ids=["dict", "nested_list", "ragged_list", "complex", "2d_array", "strings", "complex_array",
-        "None", "int_too_big", "nul_string", "uint64_too_big", "lone_surrogate"])
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        ({"a": 1}, "dict"),
+        ([[1, 2], [3, 4]], "of 2 dimensions"),
+        ([[1, 2], [3]], "list"),
+        (1 + 2j, "complex"),
+        (np.ones((2, 2)), "of 2 dimensions"),
+        (["a", "b"], "of dtype <U1"),
+        (np.array([1 + 1j]), "of dtype complex128"),
+        (None, "NoneType"),
+        (2**63, "does not fit in 64 bits"),
+        ("a\0b", "contains a NUL character"),
+        (np.array([1, 2**63], dtype=np.uint64), "does not fit in a signed 64-bit integer"),
+        ("a\ud800b", "contains a lone surrogate"),
+    ],
+    ids=[
+        "dict",
+        "nested_list",
+        "ragged_list",
+        "complex",
+        "2d_array",
+        "strings",
+        "complex_array",
+        "None",
+        "int_too_big",
+        "nul_string",
+        "uint64_too_big",
+        "lone_surrogate",
+    ],
+)
 def test_unsupported_kwarg_is_a_type_error_at_call_time(value, why):
     x = np.ones(2)
-    pattern = rf"op 'jb_scale': keyword argument 'weird' \([^)]*{re.escape(why)}[^)]*\) cannot be passed to a native kernel"
+    pattern = (
+        rf"op 'jb_scale': keyword argument 'weird' \([^)]*{re.escape(why)}[^)]*\) cannot be passed to a native kernel"
+    )
     with pytest.raises(TypeError, match=pattern):
         scale_op(x, weird=value)
     with pytest.raises(TypeError, match=pattern):
         jax.jit(lambda v: scale_op(v, weird=value)[0])(x)
     # only a native callback limits kwargs: a native transpose alone does it too
-    python_scale = lambda out, args, kwargs_dump: out[0].__setitem__(..., 2 * args[-1])  # noqa: E731
+    python_scale = lambda out, args, kwargs_dump: out[0].__setitem__(..., 2 * args[-1])
     half_native = jaxbind.get_linear_call(python_scale, LIB.jb_scale, like_last, like_last)
     with pytest.raises(TypeError, match=r"keyword argument 'weird'.*native kernel"):
         half_native(x, weird=value)

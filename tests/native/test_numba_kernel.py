@@ -20,14 +20,14 @@ import pytest
 
 numba = pytest.importorskip("numba")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import _kernels
+import jax
+import jax.numpy as jnp
+import numpy as np
+from zoo import like_first, like_last, loss_of
 
-import _kernels  # noqa: E402
-import jaxbind  # noqa: E402
-from jaxbind import _numba  # noqa: E402
-from zoo import like_first, like_last, loss_of  # noqa: E402
+import jaxbind
+from jaxbind import _numba
 
 LIB = _kernels.load()
 DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex128)]
@@ -99,7 +99,7 @@ def apply_all(f, reference, x, tol, nested_shape):
     np.testing.assert_allclose(jax.grad(loss_of(f))(x), jax.grad(loss_of(reference))(x), **tol)
     np.testing.assert_allclose(jax.vmap(f, in_axes=1)(x), jax.vmap(reference, in_axes=1)(x), **tol)
     xs = x.reshape(nested_shape)
-    nested = lambda g: jax.jit(jax.vmap(jax.vmap(g, in_axes=1), in_axes=2))  # noqa: E731
+    nested = lambda g: jax.jit(jax.vmap(jax.vmap(g, in_axes=1), in_axes=2))
     np.testing.assert_allclose(nested(f)(xs), nested(reference)(xs), **tol)
 
 
@@ -107,7 +107,7 @@ def apply_all(f, reference, x, tol, nested_shape):
 def test_linear_op(dtype, data):
     x = data(4, 6, dtype=dtype)
     tol = tolerance(dtype)
-    f = lambda v: scale_op(v, factor=FACTOR)[0]  # noqa: E731
+    f = lambda v: scale_op(v, factor=FACTOR)[0]
     apply_all(f, lambda v: FACTOR * v, x, tol, (2, 2, 6))
     np.testing.assert_allclose(jax.linear_transpose(f, x)(x)[0], FACTOR * x, **tol)
     jaxbind.testing.check_op(scale_op, x, factor=FACTOR)
@@ -134,7 +134,7 @@ def test_multilinear_op(dtype, data):
 def test_nonlinear_op(dtype, data):
     x = data(4, 6, dtype=dtype)
     tol = tolerance(dtype)
-    f = lambda v: xsin_op(v)[0]  # noqa: E731
+    f = lambda v: xsin_op(v)[0]
     apply_all(f, lambda v: v * jnp.sin(v), x, tol, (2, 2, 6))
     jvp_got = jax.jvp(f, (x,), (x[::-1],))[1]
     jvp_want = jax.jvp(lambda v: v * jnp.sin(v), (x,), (x[::-1],))[1]
@@ -153,15 +153,14 @@ def python_xsin_derivative(out, args, kwargs_dump):
 
 def test_numba_kernels_mix_with_python_callbacks_and_c_kernels(data):
     x = data(3, 5)
-    reference = lambda v: v * jnp.sin(v)  # noqa: E731
-    ops = [jaxbind.get_nonlinear_call(nb_xsin, (LIB.jb_xsin_derivative, python_xsin_derivative), like_first,
-                                      like_first),
-           jaxbind.get_nonlinear_call(LIB.jb_xsin, (nb_xsin_derivative, python_xsin_derivative), like_first,
-                                      like_first),
-           jaxbind.get_nonlinear_call(python_xsin, (nb_xsin_derivative, nb_xsin_derivative), like_first,
-                                      like_first)]
+    reference = lambda v: v * jnp.sin(v)
+    ops = [
+        jaxbind.get_nonlinear_call(nb_xsin, (LIB.jb_xsin_derivative, python_xsin_derivative), like_first, like_first),
+        jaxbind.get_nonlinear_call(LIB.jb_xsin, (nb_xsin_derivative, python_xsin_derivative), like_first, like_first),
+        jaxbind.get_nonlinear_call(python_xsin, (nb_xsin_derivative, nb_xsin_derivative), like_first, like_first),
+    ]
     for op in ops:
-        f = lambda v, op=op: op(v)[0]  # noqa: E731
+        f = lambda v, op=op: op(v)[0]
         np.testing.assert_allclose(jax.jit(f)(x), reference(x), rtol=1e-12)
         np.testing.assert_allclose(jax.grad(loss_of(f))(x), jax.grad(loss_of(reference))(x), rtol=1e-12)
         np.testing.assert_allclose(jax.vmap(f)(x), reference(x), rtol=1e-12)
@@ -205,8 +204,9 @@ def test_equal_kernels_make_equal_ops():
 
     a, b = jaxbind.numba_kernel(body), jaxbind.numba_kernel(body)
     assert a == b and hash(a) == hash(b)
-    assert jaxbind.get_linear_call(a, a, like_first, like_first) == jaxbind.get_linear_call(b, b, like_first,
-                                                                                            like_first)
+    assert jaxbind.get_linear_call(a, a, like_first, like_first) == jaxbind.get_linear_call(
+        b, b, like_first, like_first
+    )
     assert a != jaxbind.numba_kernel(body, name="other") and a != jaxbind.numba_kernel(body, concurrent=True)
     assert a != jaxbind.numba_kernel(lambda out, args, kwargs: None)
     renamed = jaxbind.native(a, name="via_native", concurrent=True)  # keeps its kind
@@ -284,10 +284,11 @@ def batched_abstract(offset, x, *, batch_axes, a=1.0):
 
 
 def test_func_can_batch_sees_batch_levels_and_axes(data):
-    op = jaxbind.get_nonlinear_call(nb_batched_axpb, None, batched_abstract, None, first_n_args_fixed=2,
-                                    func_can_batch=True)
+    op = jaxbind.get_nonlinear_call(
+        nb_batched_axpb, None, batched_abstract, None, first_n_args_fixed=2, func_can_batch=True
+    )
     offset, a = np.float64(0.5), 1.5
-    f = lambda o, v: op(o, v, a=a)  # noqa: E731
+    f = lambda o, v: op(o, v, a=a)
     x = data(3, 4)
     y, report = jax.jit(f)(offset, x)
     np.testing.assert_allclose(y, a * x + offset, rtol=1e-14)
@@ -401,17 +402,18 @@ def test_a_vmapped_kernel_walks_on_more_than_one_thread():
 
 
 def test_the_guides_example_runs_and_is_right():
-    guide = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "docs", "guides",
-                         "native.md")
+    guide = os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "docs", "guides", "native.md"
+    )
     if not os.path.exists(guide):
         pytest.skip("no docs/ beside the tests")
     with open(guide) as f:
         text = f.read()
-    code = re.search(r"```\{testcode\}\n(.*?)```", text[text.index("## numba"):], re.S).group(1)
+    code = re.search(r"```\{testcode\}\n(.*?)```", text[text.index("## numba") :], re.S).group(1)
     scope = {}
     exec(compile(code, "docs/guides/native.md (numba)", "exec"), scope)
     x = scope["x"]
-    reference = lambda v: jnp.log1p(jnp.exp(3 * v))  # noqa: E731
+    reference = lambda v: jnp.log1p(jnp.exp(3 * v))
     np.testing.assert_allclose(scope["y"], reference(x), rtol=1e-12)
     np.testing.assert_allclose(scope["g"], jax.grad(lambda v: jnp.sum(reference(v)))(x), rtol=1e-12)
     np.testing.assert_allclose(scope["ys"], jnp.stack([reference(x)] * 64), rtol=1e-12)

@@ -9,13 +9,13 @@ import pytest
 
 numba = pytest.importorskip("numba")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from zoo import like_last
 
-import jaxbind  # noqa: E402
-from jaxbind._numba import _checks  # noqa: E402
-from zoo import like_last  # noqa: E402
+import jaxbind
+from jaxbind._numba import _checks
 
 
 @jaxbind.numba_kernel
@@ -45,15 +45,21 @@ def test_a_kwarg_numba_cannot_take_is_refused_naming_it():
 
 
 def test_a_kwarg_the_kernel_reads_but_the_call_lacks_is_an_error_naming_the_op():
-    with pytest.raises(RuntimeError, match=r"(?s)op 'nb_scale'.*could not compile kernel 'nb_scale'.*"
-                                           r"Unknown attribute 'factor'"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"(?s)op 'nb_scale'.*could not compile kernel 'nb_scale'.*"
+        r"Unknown attribute 'factor'",
+    ):
         jax.block_until_ready(scale_op(np.ones(3))[0])
 
 
 def test_a_dtype_numba_cannot_take_is_refused():
     for dtype in (jnp.bfloat16, np.float16):
-        with pytest.raises(TypeError, match=rf"numba kernel 'nb_scale': input 0 has dtype {np.dtype(dtype).name}, "
-                                            "which numba does not support"):
+        with pytest.raises(
+            TypeError,
+            match=rf"numba kernel 'nb_scale': input 0 has dtype {np.dtype(dtype).name}, "
+            "which numba does not support",
+        ):
             scale_op(jnp.ones(3, dtype), factor=0.125)
 
 
@@ -84,8 +90,10 @@ def test_an_exception_in_a_kernel_is_an_error_naming_the_op():
     op = jaxbind.get_nonlinear_call(nb_checked_sqrt, None, like_last, None)
     good = np.array([4.0, 9.0])
     np.testing.assert_allclose(jax.jit(lambda v: op(v)[0])(good), [2.0, 3.0])
-    message = r"op 'nb_checked_sqrt': native kernel failed: numba kernel 'nb_checked_sqrt' raised " \
-              r"ValueError: nb_checked_sqrt: a negative input"
+    message = (
+        r"op 'nb_checked_sqrt': native kernel failed: numba kernel 'nb_checked_sqrt' raised "
+        r"ValueError: nb_checked_sqrt: a negative input"
+    )
     with pytest.raises(RuntimeError, match=message):
         jax.block_until_ready(op(-good)[0])
     with pytest.raises(RuntimeError, match=message):
@@ -101,9 +109,11 @@ def test_a_failing_transpose_names_the_op_and_the_callback():
     op = jaxbind.get_linear_call(nb_scale, nb_fails_with_the_value, like_last, like_last, name="scale_checked")
     x = np.ones(3)
     np.testing.assert_allclose(jax.linear_transpose(lambda v: op(v, factor=2.0)[0], x)(x)[0], x)
-    with pytest.raises((RuntimeError, ValueError),  # (the exception type is JAX's choice here)
-                       match=r"op 'scale_checked' \(transpose callback 'nb_fails_with_the_value'\)"
-                             r".*raised ValueError: .*negative:.*-2\.5"):
+    with pytest.raises(
+        (RuntimeError, ValueError),  # (the exception type is JAX's choice here)
+        match=r"op 'scale_checked' \(transpose callback 'nb_fails_with_the_value'\)"
+        r".*raised ValueError: .*negative:.*-2\.5",
+    ):
         jax.block_until_ready(jax.linear_transpose(lambda v: op(v, factor=2.0)[0], x)(np.array([1, -2.5, 3]))[0])
 
 
@@ -121,6 +131,7 @@ def test_kernels_dropped_take_their_variants_out_of_the_error_table():
                 if x.flat[i] < 0:
                     raise ValueError("below zero")
                 y.flat[i] = (k + 1) * x.flat[i]
+
         scaled.__name__ = f"dropped_closure_{k}"
         return scaled
 
@@ -131,8 +142,11 @@ def test_kernels_dropped_take_their_variants_out_of_the_error_table():
         for dtype in (np.float32, np.float64):  # two variants
             x = np.arange(3, dtype=dtype)
             np.testing.assert_allclose(op(x)[0], (k + 1) * x)
-        with pytest.raises(RuntimeError, match=rf"op 'dropped_closure_{k}': native kernel failed: numba "
-                                               rf"kernel 'dropped_closure_{k}' raised ValueError: below zero"):
+        with pytest.raises(
+            RuntimeError,
+            match=rf"op 'dropped_closure_{k}': native kernel failed: numba "
+            rf"kernel 'dropped_closure_{k}' raised ValueError: below zero",
+        ):
             jax.block_until_ready(op(-np.ones(3))[0])
         assert len(REPORTS) >= start + 2  # this kernel's two variants, while it lives
         del op
@@ -190,8 +204,11 @@ def test_an_object_mode_function_is_refused_when_the_kernel_is_made():
     with pytest.raises(TypeError, match=r"'_copy_body' is compiled in numba's object mode.*needs the GIL"):
         jaxbind.numba_kernel(numba.jit(forceobj=True)(_copy_body))
     np.testing.assert_array_equal(  # the same body in nopython mode is a kernel
-        jaxbind.get_nonlinear_call(jaxbind.numba_kernel(numba.njit(_copy_body)), None, like_last, None)(
-            np.arange(3.0))[0], [0.0, 1.0, 2.0])
+        jaxbind.get_nonlinear_call(jaxbind.numba_kernel(numba.njit(_copy_body)), None, like_last, None)(np.arange(3.0))[
+            0
+        ],
+        [0.0, 1.0, 2.0],
+    )
 
 
 def test_a_kernel_that_writes_an_input_does_not_compile_and_the_input_is_unchanged():
@@ -204,8 +221,11 @@ def test_a_kernel_that_writes_an_input_does_not_compile_and_the_input_is_unchang
     op = jaxbind.get_nonlinear_call(writes_its_input, None, like_last, None)
     x = jnp.arange(3.0)
     for call in (lambda v: op(v)[0], jax.jit(lambda v: op(v)[0])):
-        with pytest.raises(RuntimeError, match=r"(?s)op 'writes_its_input'.*could not compile kernel "
-                                               r"'writes_its_input'.*readonly"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"(?s)op 'writes_its_input'.*could not compile kernel "
+            r"'writes_its_input'.*readonly",
+        ):
             jax.block_until_ready(call(x))
     np.testing.assert_array_equal(x, [0.0, 1.0, 2.0])
 
@@ -236,5 +256,4 @@ def test_inputs_and_kwargs_are_read_only_and_still_read_everywhere():
     np.testing.assert_allclose(op(x, w=[2.0, 0.5])[0], expected)
     np.testing.assert_allclose(jax.jit(lambda v: op(v, w=[2.0, 0.5])[0])(x), expected)
     batch = np.stack([x, 2 * x])
-    np.testing.assert_allclose(jax.vmap(lambda v: op(v, w=[2.0, 0.5])[0])(batch),
-                               [expected, 2 * expected])
+    np.testing.assert_allclose(jax.vmap(lambda v: op(v, w=[2.0, 0.5])[0])(batch), [expected, 2 * expected])

@@ -10,13 +10,13 @@ import os
 import shutil
 import subprocess
 
+import _kernels
 import jax
 import numpy as np
 import pytest
-
-import _kernels
-import jaxbind
 from zoo import like_first, like_last
+
+import jaxbind
 
 LIB = _kernels.load()
 SCALE_ADDRESS = ctypes.cast(LIB.jb_scale, ctypes.c_void_p).value
@@ -44,19 +44,27 @@ def cfuncs():
         return 3
 
     return dict(
-        wrong=[numba.cfunc(types.float64(types.float64))(lambda x: x),
-               numba.cfunc(types.int64(types.voidptr))(lambda call: 0),
-               numba.cfunc(types.int32(types.voidptr, types.int64))(lambda call, n: 0),
-               numba.cfunc(types.int32(types.float64))(lambda x: 0)],
-        right=[numba.cfunc(types.int32(types.voidptr))(lambda call: 0),
-               numba.cfunc(types.int32(types.CPointer(types.int64)))(lambda call: 0)],
-        jit_quiet=numba.cfunc(types.int32(types.voidptr))(jit_quiet))
+        wrong=[
+            numba.cfunc(types.float64(types.float64))(lambda x: x),
+            numba.cfunc(types.int64(types.voidptr))(lambda call: 0),
+            numba.cfunc(types.int32(types.voidptr, types.int64))(lambda call, n: 0),
+            numba.cfunc(types.int32(types.float64))(lambda x: 0),
+        ],
+        right=[
+            numba.cfunc(types.int32(types.voidptr))(lambda call: 0),
+            numba.cfunc(types.int32(types.CPointer(types.int64)))(lambda call: 0),
+        ],
+        jit_quiet=numba.cfunc(types.int32(types.voidptr))(jit_quiet),
+    )
 
 
 def test_a_numba_cfunc_with_another_signature_is_refused():
     for cfunc in cfuncs()["wrong"]:
-        with pytest.raises(TypeError, match=r"op 'jb_scale': f_T is a numba\.cfunc with the signature "
-                                            r".*int32\(numba\.types\.voidptr\)"):
+        with pytest.raises(
+            TypeError,
+            match=r"op 'jb_scale': f_T is a numba\.cfunc with the signature "
+            r".*int32\(numba\.types\.voidptr\)",
+        ):
             jaxbind.get_linear_call(LIB.jb_scale, cfunc, like_last, like_last)
         with pytest.raises(TypeError, match=r"op '.*': f is a numba\.cfunc with the signature"):
             jaxbind.get_linear_call(cfunc, LIB.jb_scale, like_last, like_last)
@@ -74,10 +82,17 @@ def test_a_ctypes_function_declared_with_another_signature_is_refused():
     lib.jb_double.restype = None
     lib.jb_copy_any.argtypes = [ctypes.c_double]
     lib.jb_xsin.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    for fn, shown in ((lib.jb_scale, r"restype c_double"), (lib.jb_double, r"restype None \(void\)"),
-                      (lib.jb_copy_any, r"argtypes \[c_double\]"), (lib.jb_xsin, r"argtypes \[c_void_p, c_int\]")):
-        with pytest.raises(TypeError, match=rf"op 'checked': f_T is a ctypes function declared with .*{shown}.*"
-                                            r"restype = ctypes\.c_int and argtypes = \[ctypes\.c_void_p\]"):
+    for fn, shown in (
+        (lib.jb_scale, r"restype c_double"),
+        (lib.jb_double, r"restype None \(void\)"),
+        (lib.jb_copy_any, r"argtypes \[c_double\]"),
+        (lib.jb_xsin, r"argtypes \[c_void_p, c_int\]"),
+    ):
+        with pytest.raises(
+            TypeError,
+            match=rf"op 'checked': f_T is a ctypes function declared with .*{shown}.*"
+            r"restype = ctypes\.c_int and argtypes = \[ctypes\.c_void_p\]",
+        ):
             jaxbind.get_linear_call(LIB.jb_scale, fn, like_last, like_last, name="checked")
     prototype = ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_double)(SCALE_ADDRESS)
     with pytest.raises(TypeError, match=r"ctypes function declared with restype c_double and argtypes \[c_double\]"):
@@ -85,13 +100,16 @@ def test_a_ctypes_function_declared_with_another_signature_is_refused():
     # declared right (or argtypes left undeclared): taken
     lib.jb_multiply.argtypes = [ctypes.c_void_p]
     lib.jb_multiply.restype = ctypes.c_int
-    for fn in (lib.jb_multiply, fresh_library().jb_scale,
-               ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int64))(SCALE_ADDRESS)):
+    for fn in (
+        lib.jb_multiply,
+        fresh_library().jb_scale,
+        ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int64))(SCALE_ADDRESS),
+    ):
         jaxbind.get_linear_call(fn, fn, like_last, like_last)
-    op = jaxbind.get_linear_call(lib.jb_multiply, (lib.jb_multiply, lib.jb_multiply), like_last,
-                                 (like_last, like_last))
-    np.testing.assert_array_equal(jax.jit(lambda a, b: op(a, b)[0])(np.arange(3.0), np.arange(3.0)),
-                                  np.arange(3.0) ** 2)
+    op = jaxbind.get_linear_call(lib.jb_multiply, (lib.jb_multiply, lib.jb_multiply), like_last, (like_last, like_last))
+    np.testing.assert_array_equal(
+        jax.jit(lambda a, b: op(a, b)[0])(np.arange(3.0), np.arange(3.0)), np.arange(3.0) ** 2
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -101,19 +119,29 @@ def test_a_ctypes_function_declared_with_another_signature_is_refused():
 
 def test_a_silent_failure_names_the_op_and_the_callback():
     forward = jaxbind.get_linear_call(LIB.jb_fail_silently, LIB.jb_scale, like_last, like_last, name="quiet_f")
-    with pytest.raises(RuntimeError, match=r"op 'quiet_f': native kernel failed: the forward callback \(a native "
-                                           r"kernel\) returned 7 without a message .*jaxbind_fail\(call"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"op 'quiet_f': native kernel failed: the forward callback \(a native "
+        r"kernel\) returned 7 without a message .*jaxbind_fail\(call",
+    ):
         jax.block_until_ready(jax.jit(lambda v: forward(v)[0])(np.ones(2)))
     transposed = jaxbind.get_linear_call(LIB.jb_scale, LIB.jb_fail_silently, like_last, like_last, name="quiet_T")
-    f = lambda v: transposed(v)[0]  # noqa: E731
-    with pytest.raises(RuntimeError, match=r"op 'quiet_T' \(transpose callback 'jb_fail_silently'\): native "
-                                           r"kernel failed: the transpose callback 'jb_fail_silently' \(a native "
-                                           r"kernel\) returned 7 without a message"):
+    f = lambda v: transposed(v)[0]
+    with pytest.raises(
+        RuntimeError,
+        match=r"op 'quiet_T' \(transpose callback 'jb_fail_silently'\): native "
+        r"kernel failed: the transpose callback 'jb_fail_silently' \(a native "
+        r"kernel\) returned 7 without a message",
+    ):
         jax.block_until_ready(jax.linear_transpose(f, np.ones(2))(np.ones(2)))
-    nonlinear = jaxbind.get_nonlinear_call(LIB.jb_xsin, (LIB.jb_xsin_derivative, LIB.jb_fail_silently),
-                                           like_first, like_first)
-    with pytest.raises(RuntimeError, match=r"op 'jb_xsin' \(vjp callback 'jb_fail_silently'\).*the vjp callback "
-                                           r"'jb_fail_silently' \(a native kernel\) returned 7"):
+    nonlinear = jaxbind.get_nonlinear_call(
+        LIB.jb_xsin, (LIB.jb_xsin_derivative, LIB.jb_fail_silently), like_first, like_first
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=r"op 'jb_xsin' \(vjp callback 'jb_fail_silently'\).*the vjp callback "
+        r"'jb_fail_silently' \(a native kernel\) returned 7",
+    ):
         jax.block_until_ready(jax.grad(lambda v: nonlinear(v)[0].sum())(np.ones(2)))
 
 
@@ -130,8 +158,11 @@ def make_capsule(address):
 
 
 def test_raw_pointers_are_named_after_their_symbol():
-    forms = [jaxbind.native(SCALE_ADDRESS), make_capsule(SCALE_ADDRESS),
-             ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(SCALE_ADDRESS)]
+    forms = [
+        jaxbind.native(SCALE_ADDRESS),
+        make_capsule(SCALE_ADDRESS),
+        ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(SCALE_ADDRESS),
+    ]
     for form in forms:
         op = jaxbind.get_linear_call(form, form, like_last, like_last)
         assert op.name == "jb_scale"
@@ -143,24 +174,27 @@ def test_raw_pointers_are_named_after_their_symbol():
 def test_a_pointer_without_a_symbol_asks_for_a_name():
     jit_quiet = cfuncs()["jit_quiet"]
     for unnamed in (jaxbind.native(jit_quiet.address), jit_quiet.ctypes, make_capsule(jit_quiet.address)):
-        with pytest.raises(ValueError, match=r"f is a native kernel at 0x[0-9a-f]+ with no name jaxbind can find.*"
-                                             r"pass name='\.\.\.' to the op, or name the kernel"):
+        with pytest.raises(
+            ValueError,
+            match=r"f is a native kernel at 0x[0-9a-f]+ with no name jaxbind can find.*"
+            r"pass name='\.\.\.' to the op, or name the kernel",
+        ):
             jaxbind.get_linear_call(unnamed, LIB.jb_scale, like_last, like_last)
     with pytest.raises(ValueError, match=r"pass a numba cfunc itself, not its \.ctypes"):
         jaxbind.get_linear_call(jit_quiet.ctypes, LIB.jb_scale, like_last, like_last)
     # the cfunc itself has its name; with name= the op is named, and so is an unnamed transpose
     assert jaxbind.get_linear_call(jit_quiet, jit_quiet, like_last, like_last).name == "jit_quiet"
-    op = jaxbind.get_linear_call(jaxbind.native(jit_quiet.address), jit_quiet.ctypes, like_last, like_last,
-                                 name="named")
+    op = jaxbind.get_linear_call(
+        jaxbind.native(jit_quiet.address), jit_quiet.ctypes, like_last, like_last, name="named"
+    )
     assert op.name == "named"
-    f = lambda v: op(v)[0]  # noqa: E731
+    f = lambda v: op(v)[0]
     with pytest.raises(RuntimeError, match=r"op 'named': .*forward callback"):
         jax.block_until_ready(jax.jit(f)(np.ones(2)))
     with pytest.raises(RuntimeError, match=r"op 'named' \(transpose callback 'named\.f_T'\).*returned 3"):
         jax.block_until_ready(jax.linear_transpose(f, np.ones(2))(np.ones(2)))
     # jaxbind.native(address, name=...) names it too
-    op = jaxbind.get_linear_call(jaxbind.native(jit_quiet.address, name="by_hand"), LIB.jb_scale, like_last,
-                                 like_last)
+    op = jaxbind.get_linear_call(jaxbind.native(jit_quiet.address, name="by_hand"), LIB.jb_scale, like_last, like_last)
     assert op.name == "by_hand"
 
 
@@ -197,15 +231,21 @@ def test_the_struct_layout_numba_kernels_read_is_the_headers(tmp_path):
     source, library = tmp_path / "layout.c", tmp_path / "liblayout.so"
     source.write_text(LAYOUT_SOURCE)
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    subprocess.run([compiler, "-shared", "-fPIC", "-I", jaxbind.get_include(), str(source), "-o", str(library)],
-                   check=True, env=env)
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-I", jaxbind.get_include(), str(source), "-o", str(library)],
+        check=True,
+        env=env,
+    )
     layout = ctypes.CDLL(str(library)).jbt_layout
     layout.argtypes, layout.restype = [ctypes.POINTER(ctypes.c_int64)], ctypes.c_int64
     out = (ctypes.c_int64 * 32)()
     n = layout(out)
     values = list(out)[:n]
-    mirrored = [getattr(struct, name).offset
-                for struct in (_call_struct.Call, _call_struct.Array, _call_struct.Kwarg) for name, _ in struct._fields_]
+    mirrored = [
+        getattr(struct, name).offset
+        for struct in (_call_struct.Call, _call_struct.Array, _call_struct.Kwarg)
+        for name, _ in struct._fields_
+    ]
     mirrored += [ctypes.sizeof(s) for s in (_call_struct.Call, _call_struct.Array, _call_struct.Kwarg)]
     assert values == mirrored
     # the word indices the generated code uses

@@ -8,15 +8,15 @@ import shutil
 import subprocess
 import threading
 
+import _kernels
 import jax
 import jax.numpy as jnp
 import jax.test_util
 import numpy as np
 import pytest
-
-import _kernels
-import jaxbind
 from zoo import FACTOR, TIGHT, like_first, like_last, loss_of, reference_scale
+
+import jaxbind
 
 LIB = _kernels.load()
 # ---------------------------------------------------------------------------
@@ -141,9 +141,21 @@ def user_lib(tmp_path_factory):
     source, library = folder / "axpb.c", folder / "libaxpb.so"
     source.write_text(USER_KERNELS)
     subprocess.run(
-        [compiler, "-shared", "-fPIC", "-O2", "-Wall", "-Werror", f"-I{jaxbind.get_include()}",
-         str(source), "-o", str(library)],
-        check=True, capture_output=True, text=True,
+        [
+            compiler,
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wall",
+            "-Werror",
+            f"-I{jaxbind.get_include()}",
+            str(source),
+            "-o",
+            str(library),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return ctypes.CDLL(str(library))
 
@@ -161,8 +173,8 @@ def test_native_kernel_runs_while_another_thread_holds_the_gil(user_lib):
     holding_gil.gil_go_and_wait_done.argtypes = [ctypes.c_double]
     user_lib.gil_wait_entered.argtypes = [ctypes.c_double]
     op = jaxbind.get_nonlinear_call(
-        user_lib.gil_kernel, (user_lib.gil_kernel, user_lib.gil_kernel), like_first, like_first,
-        first_n_args_fixed=1)
+        user_lib.gil_kernel, (user_lib.gil_kernel, user_lib.gil_kernel), like_first, like_first, first_n_args_fixed=1
+    )
     x = np.arange(4.0)
     compiled = jax.jit(lambda v: op(v)[0]).lower(x).compile()  # compiling runs no kernel
     user_lib.gil_reset()
@@ -190,11 +202,12 @@ A, B = 1.5, -0.25
 
 def test_user_kernel_affine_nonlinear_op(user_lib, rand):
     op = jaxbind.get_nonlinear_call(
-        user_lib.axpb, (user_lib.axpb_linear_part, user_lib.axpb_linear_part), like_first, like_first)
-    f = lambda v: op(v, a=A, b=B)[0]  # noqa: E731
+        user_lib.axpb, (user_lib.axpb_linear_part, user_lib.axpb_linear_part), like_first, like_first
+    )
+    f = lambda v: op(v, a=A, b=B)[0]
     x = rand(3, 4)
     np.testing.assert_allclose(jax.jit(f)(x), A * x + B, **TIGHT)
-    loss = lambda g: lambda v: jnp.sum(jnp.sin(g(v)))  # noqa: E731
+    loss = lambda g: lambda v: jnp.sum(jnp.sin(g(v)))
     np.testing.assert_allclose(jax.jit(jax.grad(loss(f)))(x), jax.grad(loss(lambda v: A * v + B))(x), **TIGHT)
     jax.test_util.check_grads(f, (x,), order=1, modes=("fwd", "rev"))
     xs = rand(5, 3)
@@ -207,7 +220,7 @@ def test_user_kernel_affine_nonlinear_op(user_lib, rand):
 
 def test_user_kernel_linear_part_and_its_transpose(user_lib, rand):
     op = jaxbind.get_linear_call(user_lib.axpb_linear_part, user_lib.axpb_linear_part, like_last, like_last)
-    f = lambda v: op(v, a=A)[0]  # noqa: E731
+    f = lambda v: op(v, a=A)[0]
     x, ct = rand(4, 2), rand(4, 2)
     np.testing.assert_allclose(jax.jit(f)(x), A * x, **TIGHT)
     np.testing.assert_allclose(jax.linear_transpose(f, x)(ct)[0], A * ct, **TIGHT)
@@ -217,9 +230,11 @@ def test_user_kernel_linear_part_and_its_transpose(user_lib, rand):
 
 def test_user_kernel_reports_dtype_error(user_lib):
     op = jaxbind.get_nonlinear_call(
-        user_lib.axpb, (user_lib.axpb_linear_part, user_lib.axpb_linear_part), like_first, like_first)
-    with pytest.raises(RuntimeError,
-                       match=r"op 'axpb'.*axpb: input 0 has dtype code 11, only float64 \(12\) is supported"):
+        user_lib.axpb, (user_lib.axpb_linear_part, user_lib.axpb_linear_part), like_first, like_first
+    )
+    with pytest.raises(
+        RuntimeError, match=r"op 'axpb'.*axpb: input 0 has dtype code 11, only float64 \(12\) is supported"
+    ):
         jax.block_until_ready(jax.jit(lambda v: op(v, a=A, b=B)[0])(np.ones(3, np.float32)))
     np.testing.assert_allclose(op(np.ones(3), a=A, b=B)[0], np.full(3, A + B))
 
@@ -235,10 +250,15 @@ def axpb_batched_abstract(offset, x, *, batch_axes, a=1.0):
 
 def test_user_kernel_sees_batch_levels_and_axes(user_lib, rand):
     op = jaxbind.get_nonlinear_call(
-        user_lib.axpb_batched, (user_lib.axpb_batched, user_lib.axpb_batched),
-        axpb_batched_abstract, axpb_batched_abstract, first_n_args_fixed=2, func_can_batch=True)
+        user_lib.axpb_batched,
+        (user_lib.axpb_batched, user_lib.axpb_batched),
+        axpb_batched_abstract,
+        axpb_batched_abstract,
+        first_n_args_fixed=2,
+        func_can_batch=True,
+    )
     offset = np.float64(0.5)
-    f = lambda o, v: op(o, v, a=A)  # noqa: E731
+    f = lambda o, v: op(o, v, a=A)
     x = rand(3, 4)
 
     y, report = jax.jit(f)(offset, x)
@@ -292,7 +312,7 @@ def test_kernel_forms_give_the_same_results(form, rand):
     kernel = kernel_forms()[form]
     op = jaxbind.get_linear_call(kernel, kernel, like_last, like_last)
     x = rand(3, 2, dtype=np.complex128)
-    f = lambda v: op(v, factor=FACTOR)[0]  # noqa: E731
+    f = lambda v: op(v, factor=FACTOR)[0]
     np.testing.assert_allclose(jax.jit(f)(x), FACTOR * x, **TIGHT)
     np.testing.assert_allclose(jax.vmap(f, in_axes=1)(x), FACTOR * x.T, **TIGHT)
     np.testing.assert_allclose(jax.grad(loss_of(f))(x), jax.grad(loss_of(reference_scale))(x), **TIGHT)
@@ -306,7 +326,9 @@ def test_kernel_form_names():
     unnamed = jaxbind.get_linear_call(jaxbind.native(SCALE_ADDRESS), LIB.jb_scale, like_last, like_last)
     assert unnamed.name == "jb_scale"  # the exported symbol at the address (dladdr)
     fails = jaxbind.native(ctypes.cast(LIB.jb_fail, ctypes.c_void_p).value, name="my_failing_kernel")
-    bad = jaxbind.get_linear_call(fails, fails, like_first, like_first)  # (not equal to an op of LIB.jb_fail, named 'jb_fail')
+    bad = jaxbind.get_linear_call(
+        fails, fails, like_first, like_first
+    )  # (not equal to an op of LIB.jb_fail, named 'jb_fail')
     with pytest.raises(RuntimeError, match=r"op 'my_failing_kernel'.*on purpose"):
         jax.block_until_ready(bad(np.ones(2))[0])
     with pytest.raises(RuntimeError, match=r"op 'my_failing_kernel'.*on purpose"):
@@ -321,8 +343,9 @@ def test_same_address_under_another_name_is_another_op():
 
     address = ctypes.cast(LIB.jb_fail, ctypes.c_void_p).value
     first = jaxbind.get_linear_call(LIB.jb_fail, LIB.jb_fail, abstract, abstract)
-    second = jaxbind.get_linear_call(jaxbind.native(address, name="second"),
-                                     jaxbind.native(address, name="second"), abstract, abstract)
+    second = jaxbind.get_linear_call(
+        jaxbind.native(address, name="second"), jaxbind.native(address, name="second"), abstract, abstract
+    )
     assert first != second and first.name == "jb_fail" and second.name == "second"
     for call in (lambda op, v: op(v)[0], lambda op, v: jax.jit(lambda u: op(u)[0])(v)):
         with pytest.raises(RuntimeError, match=r"op 'jb_fail'"):
@@ -433,7 +456,7 @@ def test_numba_cfunc_kernel(numba_scale, rand):
     assert op.name == "numba_scale"
     x = rand(3, 4)
     np.testing.assert_allclose(op(x)[0], 3 * x, **TIGHT)
-    f = lambda v: op(v, factor=FACTOR)[0]  # noqa: E731
+    f = lambda v: op(v, factor=FACTOR)[0]
     np.testing.assert_allclose(jax.jit(f)(x), FACTOR * x, **TIGHT)
     np.testing.assert_allclose(op(x, factor=-2)[0], -2 * x, **TIGHT)  # an int kwarg
     np.testing.assert_allclose(jax.grad(loss_of(f))(x), jax.grad(loss_of(reference_scale))(x), **TIGHT)
@@ -463,7 +486,7 @@ def concurrent_scale_op():
 def test_concurrent_kernel_under_every_transformation(rng):
     op = concurrent_scale_op()
     x = rng.standard_normal((4, 3))
-    f = lambda v: op(v, factor=3.0)[0]  # noqa: E731
+    f = lambda v: op(v, factor=3.0)[0]
     np.testing.assert_allclose(jax.jit(f)(x), 3 * x)
     np.testing.assert_allclose(jax.grad(lambda v: jnp.sum(f(v) ** 2))(x), 18 * x)
     np.testing.assert_allclose(jax.jit(jax.vmap(f, in_axes=1))(x), 3 * x.T)

@@ -36,8 +36,9 @@ def wait_for_the_others(out, args, kwargs_dump):
 
 
 def test_a_walk_whose_elements_wait_for_each_other_hangs():
-    op = jaxbind.get_nonlinear_call(wait_for_the_others, None, lambda x: ((x.shape, x.dtype),), None,
-                                    thread_safe=True, name="wait_for_the_others")
+    op = jaxbind.get_nonlinear_call(
+        wait_for_the_others, None, lambda x: ((x.shape, x.dtype),), None, thread_safe=True, name="wait_for_the_others"
+    )
     walk = jax.jit(jax.vmap(lambda x: op(x)[0]))
     jax.block_until_ready(walk(jnp.ones((N, 8))))
     raise AssertionError("the walk returned: its elements did not deadlock")

@@ -19,17 +19,17 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/: _kernels
 
-import jax  # noqa: E402
-import jax.export  # noqa: E402  (jax < 0.6 does not import it with jax)
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.export
+import jax.numpy as jnp
+import numpy as np
 
-import jaxbind  # noqa: E402
+import jaxbind
 
 MODE = sys.argv[1]
 VARIANT = sys.argv[3] if MODE == "cache" else "a"
 OFFSET = {"a": 0.0, "b": 1.0}[VARIANT]
-like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
+like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)
 
 
 def scale(out, args, kwargs_dump):
@@ -62,8 +62,13 @@ def define_ops(define="all"):
         ops["other"] = jaxbind.get_linear_call(scale_T, scale_T, like, like, name="scale")
     ops["unrelated"] = jaxbind.get_linear_call(scale_T, scale_T, like, like, name="unrelated")
     ops["sin"] = jaxbind.get_nonlinear_call(
-        sin_with_residual, (sin_jvp, sin_vjp), lambda x: ((x.shape, x.dtype), (x.shape, x.dtype)),
-        lambda x, residual, ct: ((x.shape, x.dtype),), name="sin_res", n_residuals=1)
+        sin_with_residual,
+        (sin_jvp, sin_vjp),
+        lambda x: ((x.shape, x.dtype), (x.shape, x.dtype)),
+        lambda x, residual, ct: ((x.shape, x.dtype),),
+        name="sin_res",
+        n_residuals=1,
+    )
     ops["scale"] = jaxbind.get_linear_call(scale, scale_T, like, like, name="scale")
     return ops
 
@@ -78,8 +83,10 @@ def cache_run(folder):
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     hits = []
     jax.monitoring.register_event_listener(
-        lambda event, **_: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None)
+        lambda event, **_: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None
+    )
     from _kernels import load
+
     native = jaxbind.get_linear_call(load().jb_scale, load().jb_scale, like, like, name="native_scale")
     ops = define_ops()
     scale_op, sin = ops["scale"], ops["sin"]
@@ -91,16 +98,22 @@ def cache_run(folder):
         "native": (jax.jit(lambda v: native(v, factor=-1.5)[0]), x, -1.5 * x),
         "grad_with_residuals": (jax.jit(jax.grad(lambda v: jnp.sum(sin(v)[0]))), x, np.cos(x)),
         "vmap": (jax.jit(jax.vmap(lambda v: scale_op(v, factor=2.0)[0])), x, 2.0 * x + OFFSET),
-        "sharded_walk": (jax.jit(jax.vmap(lambda v: scale_op(v, factor=5.0)[0]), in_shardings=sharded),
-                         x, 5.0 * x + OFFSET),
+        "sharded_walk": (
+            jax.jit(jax.vmap(lambda v: scale_op(v, factor=5.0)[0]), in_shardings=sharded),
+            x,
+            5.0 * x + OFFSET,
+        ),
         "eager": (lambda v: scale_op(v, factor=7.0)[0], x, 7.0 * x + OFFSET),
     }
     result = {}
     for name, (fn, arg, expected) in programs.items():
         before = len(hits)
         value = np.asarray(fn(jnp.asarray(arg)))
-        result[name] = {"hit": len(hits) > before, "ok": bool(np.allclose(value, expected, rtol=1e-12)),
-                        "error": float(np.max(np.abs(value - expected)))}
+        result[name] = {
+            "hit": len(hits) > before,
+            "ok": bool(np.allclose(value, expected, rtol=1e-12)),
+            "error": float(np.max(np.abs(value - expected))),
+        }
     text = programs["sharded_walk"][0].lower(jnp.asarray(x)).compile().as_text()
     result["partitioned"] = "[2,3]" in text or "f64[2,3]" in text  # each device walks its half
     return result
@@ -129,9 +142,11 @@ def import_run(path, define):
         grad = np.asarray(jax.jit(jax.grad(exported.call))(jnp.asarray(x)))
     except Exception as err:  # the test reads the message
         return {"error": f"{type(err).__name__}: {err}"}
-    return {"eager": bool(abs(eager - expected) <= 1e-12 * abs(expected)),
-            "jitted": bool(abs(jitted - expected) <= 1e-12 * abs(expected)),
-            "grad": bool(np.allclose(grad, expected_grad, rtol=1e-12, atol=1e-14))}
+    return {
+        "eager": bool(abs(eager - expected) <= 1e-12 * abs(expected)),
+        "jitted": bool(abs(jitted - expected) <= 1e-12 * abs(expected)),
+        "grad": bool(np.allclose(grad, expected_grad, rtol=1e-12, atol=1e-14)),
+    }
 
 
 if __name__ == "__main__":

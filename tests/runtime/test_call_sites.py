@@ -11,13 +11,13 @@ import jax.export  # (jax < 0.6 does not import it with jax)
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import Planted
 
 import jaxbind
-from _shared import Planted
 from jaxbind import _kwargs, _sites, _trampoline
 from jaxbind._runtime import TARGET
 
-like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
+like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)
 
 
 def doubling(out, args, kwargs_dump):
@@ -70,9 +70,9 @@ def test_a_program_names_its_sites_by_what_defines_them():
 
 def test_forged_and_foreign_programs_are_errors_naming_the_op():
     op = make_op("forge_target")
-    (text, key), = description_of(lambda v: op(v)[0], jnp.ones(2, jnp.float32))
+    ((text, key),) = description_of(lambda v: op(v)[0], jnp.ones(2, jnp.float32))
     description = json.loads(text)
-    encode = lambda d: json.dumps(d, sort_keys=True, separators=(",", ":"))  # noqa: E731
+    encode = lambda d: json.dumps(d, sort_keys=True, separators=(",", ":"))
     # the real site, and the same call as another process would describe it (no index)
     np.testing.assert_allclose(call_forged(text, key), [2, 4])
     exported = dict(description)
@@ -96,7 +96,7 @@ def test_forged_and_foreign_programs_are_errors_naming_the_op():
 
 def test_kwargs_from_a_program_are_plain_data_only():
     op = make_op("plain_kwargs")
-    (text, _), = description_of(lambda v: op(v)[0], jnp.ones(2, jnp.float32))
+    ((text, _),) = description_of(lambda v: op(v)[0], jnp.ones(2, jnp.float32))
     description = json.loads(text)
     del description["index"]
     evil = pickle.dumps({"factor": Planted()})
@@ -132,6 +132,7 @@ def test_export_in_process_and_duplicate_names():
 def scaled_by(big):
     def apply(out, args, kwargs_dump):
         out[0][...] = big[: args[0].size].reshape(args[0].shape) * args[0]
+
     return apply
 
 
@@ -157,9 +158,9 @@ def test_ops_dropped_after_use_are_freed(how):
         if how == "eager":
             value = op(x)[0]
         elif how == "jit":
-            value = jax.jit(lambda v: op(v)[0] + 0)(x)
+            value = jax.jit(lambda v: op(v)[0] + 0)(x)  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
         else:
-            value = jax.jit(jax.vmap(jax.grad(lambda v: op(v)[0].sum())))(x)
+            value = jax.jit(jax.vmap(jax.grad(lambda v: op(v)[0].sum())))(x)  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
         np.testing.assert_allclose(value, (k + 1) * np.ones((2, 3)))
         del big, op, value
     collect()
@@ -169,6 +170,7 @@ def test_ops_dropped_after_use_are_freed(how):
 
 def test_equal_ops_share_one_eager_executable_which_leaves_with_the_last():
     from jaxbind import _op
+
     big = np.full(10**6, 3.0)
     ref = weakref.ref(big)
 
@@ -179,8 +181,13 @@ def test_equal_ops_share_one_eager_executable_which_leaves_with_the_last():
     x = jnp.ones((2, 3))
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(
-        lambda event, _, **kw: compiles.append(event) if event == "/jax/compilation_cache/compile_requests_use_cache"
-        or event.endswith("backend_compile_duration") else None)
+        lambda event, _, **kw: (
+            compiles.append(event)
+            if event == "/jax/compilation_cache/compile_requests_use_cache"
+            or event.endswith("backend_compile_duration")
+            else None
+        )
+    )
     try:
         np.testing.assert_allclose(op1(x)[0], 3 * np.ones((2, 3)))
         n = len(compiles)
@@ -209,8 +216,8 @@ def test_a_kept_program_keeps_its_sites_and_frees_them_with_it():
     ref = weakref.ref(big)
     op = factory(big)
     x = jnp.ones(4)
-    compiled = jax.jit(lambda v: op(v)[0] * 2).lower(x).compile()
-    kept = jax.jit(lambda v: op(v)[0] - 1)
+    compiled = jax.jit(lambda v: op(v)[0] * 2).lower(x).compile()  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
+    kept = jax.jit(lambda v: op(v)[0] - 1)  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
     np.testing.assert_allclose(kept(x), 2 * np.ones(4))
     live = _trampoline.num_live_sites()
     del big, op
@@ -228,8 +235,10 @@ def test_native_sites_are_freed_too(kernels):
     for factor in (2.0, 3.0):
         op = jaxbind.get_linear_call(kernels.jb_scale, kernels.jb_scale, like, like, name="native_freed")
         np.testing.assert_allclose(op(jnp.ones(3), factor=factor)[0], factor * np.ones(3))
-        np.testing.assert_allclose(jax.jit(jax.vmap(lambda v: op(v, factor=factor)[0]))(jnp.ones((2, 3))),
-                                   factor * np.ones((2, 3)))
+        np.testing.assert_allclose(
+            jax.jit(jax.vmap(lambda v: op(v, factor=factor)[0]))(jnp.ones((2, 3))),  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
+            factor * np.ones((2, 3)),
+        )
         del op
     collect()
     assert _trampoline.num_live_sites() <= live_before
@@ -241,6 +250,7 @@ def numba_factory(big):
     def apply(out, args, kwargs):  # a closure: numba compiles `big` into the kernel
         for i in range(args[0].size):
             out[0].flat[i] = big[i] * args[0].flat[i]
+
     return jaxbind.get_nonlinear_call(jaxbind.numba_kernel(apply), None, like, None, name="numba_closure")
 
 
@@ -253,7 +263,7 @@ def test_numba_kernels_made_from_closures_are_freed(how):
         big = np.full(10**6, float(k + 1))  # 8 MB each, captured by the kernel's function
         refs.append(weakref.ref(big))
         op = numba_factory(big)
-        value = op(x)[0] if how == "eager" else jax.jit(jax.vmap(lambda v: op(v)[0] + 0))(x)
+        value = op(x)[0] if how == "eager" else jax.jit(jax.vmap(lambda v: op(v)[0] + 0))(x)  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
         np.testing.assert_allclose(value, (k + 1) * np.ones((2, 3)))
         del big, op, value
     collect()
@@ -269,19 +279,20 @@ def test_a_freed_site_named_again_is_resolved_or_refused():
     op = make_op("comes_and_goes")
     x = jnp.arange(3.0)
     # (an Exported holds the function it was made from: keep only its bytes)
-    exp = jax.export.deserialize(jaxbind.export(jax.jit(lambda v: op(v)[0]))(x).serialize())
+    exp = jax.export.deserialize(jaxbind.export(jax.jit(lambda v: op(v)[0]))(x).serialize())  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
     np.testing.assert_allclose(exp.call(x), 2 * x)
     del op
     jax.clear_caches()
     collect()
     with pytest.raises(Exception, match="op 'comes_and_goes'.*does not define"):
         np.asarray(exp.call(x))
-    again = make_op("comes_and_goes", f=lambda out, args, kw: out[0].__setitem__(..., 5 * args[0]))  # noqa: F841
+    again = make_op("comes_and_goes", f=lambda out, args, kw: out[0].__setitem__(..., 5 * args[0]))  # noqa: F841  (kept alive: the op the program names)
     np.testing.assert_allclose(exp.call(x), 5 * x)
 
 
 def test_the_eager_cache_is_bounded():
     from jaxbind import _op
+
     op = make_op("many_kwargs")
     for k in range(_op.EAGER_CACHE_SIZE + 20):
         np.testing.assert_allclose(op(jnp.ones(1), k=k)[0], [2.0])
@@ -295,6 +306,7 @@ def scale_by_factor(out, args, kwargs_dump):
 
 def test_a_long_lived_op_keeps_no_site_of_a_program_that_is_gone():
     from jaxbind import _op
+
     op = make_op("many_kwargs", f=scale_by_factor)
     x = jnp.ones(3)
     collect()
@@ -391,7 +403,7 @@ def test_a_site_released_during_its_own_call_lets_go_of_its_callback_after_it():
     op = jaxbind.get_nonlinear_call(body, None, like, None, name="released_in_its_call")
     del captured, body
     x = jnp.arange(3.0)
-    compiled = jax.jit(lambda v: op(v)[0]).lower(x).compile()
+    compiled = jax.jit(lambda v: op(v)[0]).lower(x).compile()  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
     (handle,) = [h for h in _sites._live.values() if "released_in_its_call" in h.description]
     pending.append((handle.key, handle.serial))
     np.testing.assert_allclose(compiled(x), 2 * x)

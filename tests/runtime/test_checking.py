@@ -4,14 +4,14 @@ import os
 import subprocess
 import sys
 
+import _kernels
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import _kernels
-import jaxbind
 from _shared import checking_unwritten
+
+import jaxbind
 
 LIB = _kernels.load()
 
@@ -40,13 +40,15 @@ def writes(out, args, kwargs_dump):
 written = jaxbind.get_nonlinear_call(writes, (writes, writes), two_like_first, two_like_first)
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32", "complex128", "float16", "bfloat16",
-                                   "int32", "uint8", "bool"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "complex128", "float16", "bfloat16", "int32", "uint8", "bool"])
 @pytest.mark.parametrize("upto", [0, 3], ids=["none written", "partly written"])
 def test_unwritten_output_elements_are_reported(checking, dtype, upto):
     x = jnp.zeros((2, 3), dtype)
-    with pytest.raises(RuntimeError, match=rf"op 'writes'.*output 0 \(shape \(2, 3\)\) was not fully "
-                                           rf"written: {6 - upto} element\(s\).*index \({upto // 3}, 0\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"op 'writes'.*output 0 \(shape \(2, 3\)\) was not fully "
+        rf"written: {6 - upto} element\(s\).*index \({upto // 3}, 0\)",
+    ):
         jax.block_until_ready(written(x, upto=upto))
 
 
@@ -77,7 +79,9 @@ def test_one_unwritten_batch_element_is_reported_under_vmap(checking):
 def test_unwritten_output_of_a_native_kernel_is_reported(checking, kernel):
     op = jaxbind.get_linear_call(getattr(LIB, kernel), LIB.jb_empty, like_first, like_first)
     first = 0 if kernel == "jb_empty" else 2
-    with pytest.raises(RuntimeError, match=rf"op '{kernel}'.*native kernel: output 0 \(shape \(4\)\).*index \({first}\)"):
+    with pytest.raises(
+        RuntimeError, match=rf"op '{kernel}'.*native kernel: output 0 \(shape \(4\)\).*index \({first}\)"
+    ):
         jax.block_until_ready(op(jnp.ones(4))[0])
     with pytest.raises(RuntimeError, match=rf"op '{kernel}'.*output 0 \(shape \(3, 4\)\)"):
         jax.block_until_ready(jax.vmap(lambda x: op(x)[0])(jnp.ones((3, 4))))
@@ -89,8 +93,9 @@ def test_environment_variable_turns_the_mode_on(tmp_path):
     code = "import jaxbind; print(jaxbind.config.check_unwritten)"
     imported_from = os.path.dirname(os.path.dirname(os.path.abspath(jaxbind.__file__)))
     env = {**os.environ, "PYTHONPATH": imported_from, "JAXBIND_CHECK_UNWRITTEN": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "True"
     with pytest.raises(TypeError, match="True or False"):
         jaxbind.config.check_unwritten = "yes"
@@ -106,9 +111,14 @@ def test_an_output_updated_in_place_on_an_argument_other_than_the_first(checking
         if not jaxbind.load_kwargs(kwargs_dump).get("skip_second"):
             out[1][...] = ax
 
-    op = jaxbind.get_nonlinear_call(axpy_first_half, None,
-                                    lambda x, y, **kwargs: ((y.shape, y.dtype), (x.shape, x.dtype)), None,
-                                    inplace={0: 1}, name="axpy_half")
+    op = jaxbind.get_nonlinear_call(
+        axpy_first_half,
+        None,
+        lambda x, y, **kwargs: ((y.shape, y.dtype), (x.shape, x.dtype)),
+        None,
+        inplace={0: 1},
+        name="axpy_half",
+    )
     x, y = jnp.arange(6.0), jnp.ones(6)
     want = np.concatenate([1 + 2 * np.arange(3.0), np.ones(3)])
     for run in (op, jax.jit(op)):

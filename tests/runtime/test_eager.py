@@ -15,7 +15,7 @@ import pytest
 import jaxbind
 from jaxbind import _op
 
-like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
+like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)
 
 
 def tripling(out, args, kwargs_dump):
@@ -125,8 +125,8 @@ def test_an_op_whose_callback_holds_it_is_freed_after_eager_calls():
     holder = {}
 
     def apply(out, args, kwargs_dump):  # holds the op, through `holder`
-        assert holder["op"] is not None
-        out[0][...] = big[: args[0].size] * args[0]
+        assert holder["op"] is not None  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
+        out[0][...] = big[: args[0].size] * args[0]  # noqa: F821  (a closure over a name deleted later, to drop its last reference)
 
     op = jaxbind.get_nonlinear_call(apply, None, like, None, name="eager_self_holding")
     holder["op"] = op
@@ -151,8 +151,9 @@ def test_calls_with_many_arguments_and_kwargs_after_eager_calls():
     # Op.__call__ (the compiled core) hands every call it does not serve itself to the Python
     # method with all its positional and keyword arguments; eighteen of them (and self) overflow
     # its stack.
-    op = jaxbind.get_nonlinear_call(weighted_sum, None, lambda *a, weights: ((a[0].shape, a[0].dtype),),
-                                    None, name="eager_many")
+    op = jaxbind.get_nonlinear_call(
+        weighted_sum, None, lambda *a, weights: ((a[0].shape, a[0].dtype),), None, name="eager_many"
+    )
     rng = np.random.default_rng(3)
     xs = [jnp.asarray(rng.standard_normal(3)) for _ in range(17)]
     weights = [float(k + 1) for k in range(17)]
@@ -160,8 +161,9 @@ def test_calls_with_many_arguments_and_kwargs_after_eager_calls():
     for _ in range(3):
         np.testing.assert_allclose(op(*xs, weights=weights)[0], expected)
     # an arity the op has a jitted call for, then the same arguments with another kwarg value
-    np.testing.assert_allclose(op(*xs, weights=weights[::-1])[0],
-                               sum(w * np.asarray(x) for w, x in zip(weights[::-1], xs)))
+    np.testing.assert_allclose(
+        op(*xs, weights=weights[::-1])[0], sum(w * np.asarray(x) for w, x in zip(weights[::-1], xs))
+    )
 
 
 def test_op_call_is_a_method_with_the_documented_signature():
@@ -218,17 +220,28 @@ def test_numpy_arrays_in_the_other_byte_order_give_their_values_on_every_path(dt
         np.testing.assert_array_equal(np.asarray(got), want)
 
 
-@pytest.mark.parametrize("value", [np.array([1.0, 2.0], dtype=object), np.array(["a", "b"]),
-                                   np.zeros(2, dtype=[("a", "<f8")]), np.arange(2).astype("M8[s]"),
-                                   np.str_("a")], ids=["object", "str", "structured", "datetime", "np.str_"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.array([1.0, 2.0], dtype=object),
+        np.array(["a", "b"]),
+        np.zeros(2, dtype=[("a", "<f8")]),
+        np.arange(2).astype("M8[s]"),
+        np.str_("a"),
+    ],
+    ids=["object", "str", "structured", "datetime", "np.str_"],
+)
 def test_numpy_dtypes_jax_has_no_type_for_are_refused_alike_on_every_path(value):
     op = jaxbind.get_nonlinear_call(adding, None, like, None, name="eager_no_jax_dtype")
     one = np.ones(2)
     op(one, one)
     messages = set()
     for _ in range(3):  # the fast path armed for two NumPy arrays: it leaves these to the slow one
-        with pytest.raises(TypeError, match=rf"jaxbind op 'eager_no_jax_dtype': argument 1 is a NumPy "
-                                            rf"{type(value).__name__} of dtype .*which JAX cannot pass"):
+        with pytest.raises(
+            TypeError,
+            match=rf"jaxbind op 'eager_no_jax_dtype': argument 1 is a NumPy "
+            rf"{type(value).__name__} of dtype .*which JAX cannot pass",
+        ):
             op(one, value)
         with pytest.raises(TypeError, match=r"jaxbind op 'eager_no_jax_dtype': argument 1 .*JAX cannot"):
             op(one, value, scale=1)

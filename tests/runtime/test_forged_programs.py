@@ -18,12 +18,12 @@ import jax.export  # (jax < 0.6 does not import it with jax)
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import Planted
 
 import jaxbind
-from _shared import Planted
 from jaxbind import _sites
 
-like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)  # noqa: E731
+like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)
 _CALL = re.compile(r'jaxbind = "((?:[^"\\]|\\.)*)", site = (\d+) : i64')
 
 
@@ -31,6 +31,7 @@ def _ran(counter):
     def doubling(out, args, kwargs_dump):
         counter.append(args[-1].shape)
         out[0][...] = 2 * args[-1]
+
     return doubling
 
 
@@ -88,12 +89,15 @@ def test_a_program_runs_only_the_site_its_description_names():
     np.testing.assert_allclose(jax.export.deserialize(exported.serialize()).call(x), 2 * x)  # as made
     del pub_calls[:], secret_calls[:]
     # pub's program with secret's key: it describes pub on a (4,) array and must not run secret
-    with pytest.raises(Exception, match=r"jaxbind op 'pub': the program names call site 0x[0-9a-f]+, "
-                                        r"which in this process belongs to op 'secret'") as info:
+    with pytest.raises(
+        Exception,
+        match=r"jaxbind op 'pub': the program names call site 0x[0-9a-f]+, "
+        r"which in this process belongs to op 'secret'",
+    ) as info:
         _forged(exported, key=secret_key).call(x)
     assert "altered" in str(info.value)
     # the description made to say secret's name, the key left (that of pub's live site)
-    (text, _), = _calls(exported)
+    ((text, _),) = _calls(exported)
     renamed = _encode(dict(json.loads(text), op="secret"))
     with pytest.raises(Exception, match="jaxbind op 'secret': .* belongs to op 'pub'"):
         _forged(exported, description=renamed).call(x)
@@ -164,18 +168,21 @@ _multiarray = getattr(np, "_core", getattr(np, "core", None)).multiarray
 _GiB = 2**30
 _FORGED_KWARGS = {
     "bytearray(2 GiB)": (pickle.dumps({"r": _Reduce(bytearray, (2 * _GiB,))}, 4), "builtins.bytearray"),
-    "a 2 GiB string that is not there": (b"\x80\x05}\x8c\x01r\x8e" + struct.pack("<Q", 2 * _GiB) + b"s.",
-                                         "bytes8"),
+    "a 2 GiB string that is not there": (b"\x80\x05}\x8c\x01r\x8e" + struct.pack("<Q", 2 * _GiB) + b"s.", "bytes8"),
     "a memo slot 2**28 long": (b"\x80\x05}r" + struct.pack("<I", 2**28) + b".", "memo index"),
     "set(range(10**9))": (pickle.dumps({"r": _Reduce(set, (range(10**9),))}), "set of a range"),
-    "an empty array of 2 GiB": (pickle.dumps({"r": _Reduce(_multiarray._reconstruct, (np.ndarray, (2 * _GiB,), b"b"))}),
-                                "anything but an empty array"),
+    "an empty array of 2 GiB": (
+        pickle.dumps({"r": _Reduce(_multiarray._reconstruct, (np.ndarray, (2 * _GiB,), b"b"))}),
+        "anything but an empty array",
+    ),
     "ndarray((2 GiB,))": (pickle.dumps({"r": _Reduce(np.ndarray, ((2 * _GiB,),))}), "takes no arguments"),
     "lists sharing 2**60 paths": (pickle.dumps({"r": _nested(list, 60)}), "expand to more than"),
     "tuples sharing 2**60 paths": (pickle.dumps({"r": _nested(tuple, 60)}), "expand to more than"),
     "a list that holds itself": (b"\x80\x05}\x8c\x01r]\x94h\x00as.", "expand to more than"),
-    "100,000 levels of lists": (b"\x80\x05}\x8c\x01r" + b"]" * 100_000 + b"a" * 99_999 + b"s.",
-                                "nest more than 100 levels deep"),
+    "100,000 levels of lists": (
+        b"\x80\x05}\x8c\x01r" + b"]" * 100_000 + b"a" * 99_999 + b"s.",
+        "nest more than 100 levels deep",
+    ),
     "an object by number (copyreg)": (b"\x80\x05}\x8c\x01r\x82\x01s.", "opcode EXT1"),
 }
 
@@ -192,27 +199,37 @@ def test_a_programs_kwargs_build_plain_data_bounded_by_its_bytes(case):
     calls.clear()
     exported = _exported(_bounded, (4,))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with pytest.raises(Exception, match="jaxbind op 'bounded_kwargs': the program's kwargs cannot be read "
-                                        "here") as info:
+    with pytest.raises(
+        Exception, match="jaxbind op 'bounded_kwargs': the program's kwargs cannot be read here"
+    ) as info:
         _with_kwargs(exported, dump).call(jnp.ones(4, jnp.float32))
     assert why in str(info.value) and "plain data" in str(info.value)
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 256 * 1024 and calls == []
     # plain data within the bounds travels
-    fine = {"a": [1, 2.5, 3j], "b": np.arange(3), "s": {1, "x"}, "d": {"e": (None, True)},
-            "n": _nested(list, 5), "deep": [[[[[[1]]]]]]}
+    fine = {
+        "a": [1, 2.5, 3j],
+        "b": np.arange(3),
+        "s": {1, "x"},
+        "d": {"e": (None, True)},
+        "n": _nested(list, 5),
+        "deep": [[[[[[1]]]]]],
+    }
     np.testing.assert_allclose(_with_kwargs(exported, pickle.dumps(fine, 5)).call(jnp.ones(4, jnp.float32)), 2.0)
     assert calls == [(4,)]
 
 
-@pytest.mark.parametrize("field,value,why", [
-    ("padded", True, "a padded call has no batch"),
-    ("padded", "yes", "'padded' is not true or false"),
-    ("role", [0, "1", 0, [1]], "not integers"),
-    ("in", [[[4]]], "not valid"),
-    ("batch", {"native": 3}, "not valid"),
-    ("kwargs", "%%%", "not base64"),
-])
+@pytest.mark.parametrize(
+    "field,value,why",
+    [
+        ("padded", True, "a padded call has no batch"),
+        ("padded", "yes", "'padded' is not true or false"),
+        ("role", [0, "1", 0, [1]], "not integers"),
+        ("in", [[[4]]], "not valid"),
+        ("batch", {"native": 3}, "not valid"),
+        ("kwargs", "%%%", "not base64"),
+    ],
+)
 def test_a_description_that_makes_no_sense_is_refused_in_words(field, value, why):
     exported = _exported(_nonsense, (4,))
     description = dict(json.loads(_calls(exported)[0][0]), **{field: value})

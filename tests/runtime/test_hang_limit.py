@@ -44,9 +44,27 @@ def runs(tmp_path_factory):
     processes = {
         # (run from elsewhere, with the repository's configuration: in the repository the source
         # folder jaxbind/ would shadow the installed package)
-        name: subprocess.Popen([sys.executable, "-m", "pytest", CASE, "-p", "no:cacheprovider", "-q",
-                                "-c", os.path.join(ROOT, "pyproject.toml"), "--rootdir", ROOT, *options],
-                               cwd=elsewhere, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        name: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                CASE,
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                "-c",
+                os.path.join(ROOT, "pyproject.toml"),
+                "--rootdir",
+                ROOT,
+                *options,
+            ],
+            cwd=elsewhere,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for name, options in RUNS.items()
     }
     results, late = {}, []

@@ -4,9 +4,8 @@ folder on its path holding only that distribution's metadata, as pip leaves it."
 
 import sys
 
-import pytest
-
 import _subprocesses
+import pytest
 
 JAXBIND_SUMMARY = "Bind any function written in another language to JAX with support for JVP/VJP/batching"
 OWN_OLD_SUMMARY = "Bind functions JAX cannot see (NumPy, SciPy, C, C++, Fortran) as JAX ops"
@@ -18,8 +17,7 @@ def _import_warnings(tmp_path, metadata):
         name, version, summary = metadata
         info = tmp_path / f"{name}-{version}.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {summary}\n")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {summary}\n")
     code = (
         "import sys, warnings\n"
         f"sys.path.insert(0, {str(tmp_path)!r})\n"
@@ -31,8 +29,9 @@ def _import_warnings(tmp_path, metadata):
         "    if issubclass(w.category, RuntimeWarning):\n"
         "        print('WARNING', w.message, w.filename)\n"
     )
-    returncode, out, err = _subprocesses.run([sys.executable, "-c", code], timeout=240,
-                                             what="import jaxbind", cwd=tmp_path)
+    returncode, out, err = _subprocesses.run(
+        [sys.executable, "-c", code], timeout=240, what="import jaxbind", cwd=tmp_path
+    )
     assert returncode == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("jaxbind.")  # this project's jaxbind, still imported
@@ -43,10 +42,13 @@ def test_no_warning_alone(tmp_path):
     assert _import_warnings(tmp_path, None) == []
 
 
-@pytest.mark.parametrize("metadata, who", [
-    (("jaxbind", "1.3.1", JAXBIND_SUMMARY), "JAXbind 1.3.1 (the distribution `jaxbind`)"),
-    (("jaxbind", "0.1.0", OWN_OLD_SUMMARY), "this project's own earlier release under the name `jaxbind` (0.1.0)"),
-])
+@pytest.mark.parametrize(
+    "metadata, who",
+    [
+        (("jaxbind", "1.3.1", JAXBIND_SUMMARY), "JAXbind 1.3.1 (the distribution `jaxbind`)"),
+        (("jaxbind", "0.1.0", OWN_OLD_SUMMARY), "this project's own earlier release under the name `jaxbind` (0.1.0)"),
+    ],
+)
 def test_warns_when_another_distribution_shares_the_folder(tmp_path, metadata, who):
     (warning,) = _import_warnings(tmp_path, metadata)
     assert who in warning
@@ -83,8 +85,9 @@ def test_warns_and_imports_when_the_other_distributions_metadata_lacks_fields(tm
         "for w in caught:\n"
         "    print('WARNING', w.message)\n"
     )
-    returncode, out, err = _subprocesses.run([sys.executable, "-c", code], timeout=240,
-                                             what="import jaxbind", cwd=tmp_path)
+    returncode, out, err = _subprocesses.run(
+        [sys.executable, "-c", code], timeout=240, what="import jaxbind", cwd=tmp_path
+    )
     assert returncode == 0, err
     lines = out.splitlines()
     assert lines[0] == "jaxbind._api"  # this project's jaxbind, imported

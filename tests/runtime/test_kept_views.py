@@ -47,8 +47,8 @@ def decay_reference(c):
 def root_with(method):
     def solve(out, args, kwargs_dump):
         c = args[0]
-        out[0][...] = scipy.optimize.root(lambda x: x**3 + x - c, np.zeros_like(c), method=method,
-                                          tol=1e-13).x
+        out[0][...] = scipy.optimize.root(lambda x: x**3 + x - c, np.zeros_like(c), method=method, tol=1e-13).x
+
     solve.__name__ = f"root_{method.replace('-', '_')}"
     # Broyden's and Krylov's methods stop short of (or away from) the root on
     # this problem: what they give called directly is their reference.
@@ -63,17 +63,20 @@ def fsolve(out, args, kwargs_dump):
 def ivp_with(method, **options):
     def solve(out, args, kwargs_dump):
         c = args[0]
-        result = scipy.integrate.solve_ivp(lambda t, y: -c * y, (0.0, 1.0), np.ones_like(c),
-                                           method=method, rtol=1e-10, atol=1e-12, **options)
+        result = scipy.integrate.solve_ivp(
+            lambda t, y: -c * y, (0.0, 1.0), np.ones_like(c), method=method, rtol=1e-10, atol=1e-12, **options
+        )
         out[0][...] = result.y[:, -1]
+
     solve.__name__ = f"solve_ivp_{method}" + "".join(f"_{k}" for k in options)
     return solve, decay_reference, 1e-6
 
 
 def ivp_without_closure(out, args, kwargs_dump):
     # The view passed through solve_ivp's own `args=`, no closure of ours.
-    result = scipy.integrate.solve_ivp(lambda t, y, c: -c * y, (0.0, 1.0), np.ones_like(args[0]),
-                                       args=(args[0],), rtol=1e-10, atol=1e-12)
+    result = scipy.integrate.solve_ivp(
+        lambda t, y, c: -c * y, (0.0, 1.0), np.ones_like(args[0]), args=(args[0],), rtol=1e-10, atol=1e-12
+    )
     out[0][...] = result.y[:, -1]
 
 
@@ -110,10 +113,12 @@ CALLBACKS = [
 
 def called_directly(callback):
     """The callback run on NumPy arrays of its own, outside any op."""
+
     def run(c):
         out = np.empty_like(c)
         callback((out,), (np.array(c, dtype=np.float64),), b"")
         return out
+
     return run
 
 
@@ -358,19 +363,27 @@ def _numba_dict_of(view):
 
 
 POINTER_KEEPERS = {
-    "a flat iterator": (lambda out, args: out[0].flat,
-                        lambda kept, _: list(kept) == [] and pytest.raises(IndexError, kept.__getitem__, 0)),
-    "np.nditer": (lambda out, args: np.nditer(args[0]),
-                  lambda kept, _: list(kept) == [] and pytest.raises(ValueError, getattr, kept, "operands")),
-    "np.broadcast": (lambda out, args: np.broadcast(args[0], 1.0),
-                     lambda kept, _: list(kept) == [] and all(list(it) == [] for it in kept.iters)),
-    "an array's ctypes object": (lambda out, args: out[0].ctypes,
-                                 lambda kept, memory: tuple(kept.shape) == (0,) and
-                                 not memory[0] <= kept.data < memory[1]),
-    "a numba typed List": (lambda out, args: _numba_list_of(args[0]),
-                           lambda kept, _: _first_item_size(kept) == 0 and kept[0].size == 0),
-    "a numba typed Dict": (lambda out, args: _numba_dict_of(out[0]),
-                           lambda kept, _: kept[0].size == 0),
+    "a flat iterator": (
+        lambda out, args: out[0].flat,
+        lambda kept, _: list(kept) == [] and pytest.raises(IndexError, kept.__getitem__, 0),
+    ),
+    "np.nditer": (
+        lambda out, args: np.nditer(args[0]),
+        lambda kept, _: list(kept) == [] and pytest.raises(ValueError, getattr, kept, "operands"),
+    ),
+    "np.broadcast": (
+        lambda out, args: np.broadcast(args[0], 1.0),
+        lambda kept, _: list(kept) == [] and all(list(it) == [] for it in kept.iters),
+    ),
+    "an array's ctypes object": (
+        lambda out, args: out[0].ctypes,
+        lambda kept, memory: tuple(kept.shape) == (0,) and not memory[0] <= kept.data < memory[1],
+    ),
+    "a numba typed List": (
+        lambda out, args: _numba_list_of(args[0]),
+        lambda kept, _: _first_item_size(kept) == 0 and kept[0].size == 0,
+    ),
+    "a numba typed Dict": (lambda out, args: _numba_dict_of(out[0]), lambda kept, _: kept[0].size == 0),
 }
 
 

@@ -9,12 +9,12 @@ import threading
 import time
 import weakref
 
+import _subprocesses
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import _subprocesses
 import jaxbind
 
 # Where the jaxbind under test was imported from (the source tree or site-packages):
@@ -74,9 +74,16 @@ def test_exit_while_a_callback_runs_on_a_worker_thread_is_clean(tmp_path, how, t
     script = tmp_path / "exit_during_callback.py"
     script.write_text(EXIT_SCRIPT)
     env = {**os.environ, "PYTHONPATH": JAXBIND_PARENT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    runs = [subprocess.Popen([sys.executable, str(script), how, str(timeout)], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(3)]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, str(script), how, str(timeout)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     outputs = _subprocesses.communicate_all(runs, 120, "the exit script")  # all, before any assert
     for run, (out, err) in zip(runs, outputs):
         # an uncaught KeyboardInterrupt ends Python by SIGINT, as the shell expects
@@ -229,7 +236,8 @@ def test_view_cache_survives_calls_that_overlap_on_two_threads():
 def test_an_exit_hook_may_still_call_ops_on_the_exiting_thread(tmp_path):
     # Hooks registered before jaxbind was imported run after jaxbind's own.
     script = tmp_path / "op_in_exit_hook.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import atexit
         def late_hook():
             import jax.numpy as jnp
@@ -246,7 +254,8 @@ def test_an_exit_hook_may_still_call_ops_on_the_exiting_thread(tmp_path):
             return ((x.shape, x.dtype),)
 
         op = jaxbind.get_linear_call(double, double, same_shape, same_shape)
-    """))
+    """)
+    )
     env = {**os.environ, "PYTHONPATH": JAXBIND_PARENT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -8,9 +8,8 @@ import json
 import os
 import sys
 
-import pytest
-
 import _subprocesses
+import pytest
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_persistence_job.py")
 PROGRAMS = ("forward", "native", "grad_with_residuals", "vmap", "sharded_walk", "eager")
@@ -19,10 +18,10 @@ TIMEOUT = 240
 
 
 def run_job(*args):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-               JAX_PLATFORMS="cpu")
-    returncode, out, err = _subprocesses.run([sys.executable, JOB, *map(str, args)], TIMEOUT,
-                                             f"_persistence_job.py {' '.join(map(str, args))}", env=env)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    returncode, out, err = _subprocesses.run(
+        [sys.executable, JOB, *map(str, args)], TIMEOUT, f"_persistence_job.py {' '.join(map(str, args))}", env=env
+    )
     assert returncode == 0, out + err
     return json.loads(out.strip().splitlines()[-1])
 
@@ -83,9 +82,13 @@ def test_an_unknown_schema_is_refused(blob, tmp_path):
 def test_export_without_jax_export_says_what_to_install(monkeypatch):
     """jax < 0.6's jax.export cannot be imported without absl-py: jaxbind.export says so."""
     import jax
+
     import jaxbind
 
     monkeypatch.setitem(sys.modules, "jax.export", None)  # `import jax.export` raises ImportError
-    with pytest.raises(ImportError, match=r"jaxbind.export: jax .*'s jax.export cannot be imported .*"
-                                          r"pip install absl-py"):
+    with pytest.raises(
+        ImportError,
+        match=r"jaxbind.export: jax .*'s jax.export cannot be imported .*"
+        r"pip install absl-py",
+    ):
         jaxbind.export(jax.jit(lambda x: x))

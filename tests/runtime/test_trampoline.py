@@ -7,14 +7,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import jaxbind
 import zoo
 from _shared import errors_in_threads, sample
 
+import jaxbind
+
 ALL_DTYPES = [
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
 ]
 
 
@@ -48,8 +61,10 @@ def test_every_dtype_reaches_the_callback_and_back(dtype):
     expected = np.logical_not(x) if x.dtype == np.bool_ else (x * 3).astype(x.dtype)
     assert y.dtype == jnp.dtype(dtype)
     assert seen == {"dtype": jnp.dtype(dtype), "shape": (3, 4)}
-    np.testing.assert_array_equal(y.astype(np.float64) if dtype == "bfloat16" else y,
-                                  expected.astype(np.float64) if dtype == "bfloat16" else expected)
+    np.testing.assert_array_equal(
+        y.astype(np.float64) if dtype == "bfloat16" else y,
+        expected.astype(np.float64) if dtype == "bfloat16" else expected,
+    )
 
 
 def test_mixed_dtypes_many_inputs_and_outputs():
@@ -62,8 +77,7 @@ def test_mixed_dtypes_many_inputs_and_outputs():
     def stats_abstract(ints, reals, flags, **kwargs):
         return (((), ints.dtype), (reals.shape, reals.dtype), (reals.shape, np.complex64))
 
-    op = jaxbind.get_nonlinear_call(stats, (stats, stats), stats_abstract, stats_abstract,
-                                    first_n_args_fixed=3)
+    op = jaxbind.get_nonlinear_call(stats, (stats, stats), stats_abstract, stats_abstract, first_n_args_fixed=3)
     ints = np.arange(5, dtype=np.int32)
     reals = np.linspace(0, 1, 4, dtype=np.float32)
     flags = np.array([True, False, True, True])
@@ -192,6 +206,7 @@ def test_ops_differing_only_in_their_callback_are_unequal_and_keep_their_own_cod
     def scaling_by(factor):
         def scale(out, args, kwargs_dump):  # the same __name__ for every factor
             out[0][...] = factor * args[0]
+
         return scale
 
     def abstract(x):
@@ -361,9 +376,10 @@ def test_the_exception_type_a_failing_callback_raises_on_every_path():
             if x[0] < 0:
                 raise ZeroDivisionError("negative input")
             return x
+
         return jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
 
-    eager = lambda x: op(x)[0]  # noqa: E731
+    eager = lambda x: op(x)[0]
     assert raised(eager, bad) is jax.errors.JaxRuntimeError  # first eager call
     eager(ok), eager(ok)
     assert raised(eager, bad) is jax.errors.JaxRuntimeError  # cached eager call

@@ -14,17 +14,18 @@ import traceback
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 # Hung: print every thread's stack and exit, before test_multidevice.py's limit kills this process.
 faulthandler.dump_traceback_later(float(os.environ.get("JAXBIND_TEST_CHILD_TIMEOUT", 240)), exit=True)
 process_id, port = int(sys.argv[1]), int(sys.argv[2])
 jax.config.update("jax_enable_x64", True)
-jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
-                           initialization_timeout=60)
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id, initialization_timeout=60)
 
-import jaxbind  # noqa: E402  (after initialize, as a user's program would)
-from _shared import shard_map  # noqa: E402
+from _shared import shard_map
+
+import jaxbind
 
 CALLS = []
 
@@ -55,10 +56,8 @@ def check_local(result, want):
 body = shard_map(lambda a: op(a)[0], mesh=mesh, in_specs=P("d"), out_specs=P("d"))
 checks = {
     "shard_map_forward": lambda: check_local(jax.jit(body)(x), 2.0 * reference),
-    "shard_map_grad": lambda: check_local(
-        jax.jit(jax.grad(lambda a: jnp.sum(body(a) ** 2)))(x), 8.0 * reference),
-    "vmap_global_batch": lambda: check_local(
-        jax.jit(jax.vmap(lambda r: op(r)[0]))(x), 2.0 * reference),
+    "shard_map_grad": lambda: check_local(jax.jit(jax.grad(lambda a: jnp.sum(body(a) ** 2)))(x), 8.0 * reference),
+    "vmap_global_batch": lambda: check_local(jax.jit(jax.vmap(lambda r: op(r)[0]))(x), 2.0 * reference),
 }
 results, calls = {}, {}
 for name, check in checks.items():

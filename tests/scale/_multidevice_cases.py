@@ -21,13 +21,13 @@ import sys
 import time
 import traceback
 
+import _kernels
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _shared import shard_map
 from jax.sharding import PartitionSpec as P
 
-import _kernels
-from _shared import shard_map
 import jaxbind
 
 if __name__ == "__main__":  # the subprocess (test_multidevice.py imports this file too)
@@ -84,12 +84,13 @@ def _batched_abstract(x, *, batch_axes=None):
 linear_op = jaxbind.get_linear_call(_scale, _scale, _like_last, _like_last)
 counted_op = jaxbind.get_linear_call(_counted_scale, _counted_scale, _like_last, _like_last)
 fixed_op = jaxbind.get_linear_call(_multiply, _multiply, _like_last, _like_last, first_n_args_fixed=1)
-bilinear_op = jaxbind.get_linear_call(_multiply, (_multiply, _multiply), _like_last,
-                                      (_like_last, _like_last))
-nonlinear_op = jaxbind.get_nonlinear_call(_wsin, (_wsin_derivative, _wsin_derivative),
-                                          _like_last, _like_last, first_n_args_fixed=1)
-batching_op = jaxbind.get_linear_call(_batched_triple, _batched_triple, _batched_abstract,
-                                      _batched_abstract, func_can_batch=True)
+bilinear_op = jaxbind.get_linear_call(_multiply, (_multiply, _multiply), _like_last, (_like_last, _like_last))
+nonlinear_op = jaxbind.get_nonlinear_call(
+    _wsin, (_wsin_derivative, _wsin_derivative), _like_last, _like_last, first_n_args_fixed=1
+)
+batching_op = jaxbind.get_linear_call(
+    _batched_triple, _batched_triple, _batched_abstract, _batched_abstract, func_can_batch=True
+)
 native_op = jaxbind.get_linear_call(LIB.jb_scale, LIB.jb_scale, _like_last, _like_last)
 native_busy = jaxbind.get_linear_call(LIB.jb_busy, LIB.jb_busy, _like_last, _like_last)
 
@@ -141,8 +142,7 @@ def shard_mapped(body, layout, x_sharded=True, w_sharded=True, out_replicated=Fa
     m = mesh(mesh_name)
     specs = (spec if x_sharded else P(), spec if w_sharded else P())
     extra = {} if axes is None else {"axis_names": axes}
-    f = shard_map(body, mesh=m, in_specs=specs, out_specs=P() if out_replicated else spec, check_vma=check_vma,
-                  **extra)
+    f = shard_map(body, mesh=m, in_specs=specs, out_specs=P() if out_replicated else spec, check_vma=check_vma, **extra)
     x = data(global_shape(specs[0], m), 1)
     w = data(global_shape(specs[1], m), 2) + 2.0  # away from 0 (and from symmetry with x)
     return (jax.jit(f) if axes is not None else f), x, w
@@ -194,6 +194,7 @@ def case(name):
     def register(fn):
         CASES[name] = fn
         return fn
+
     return register
 
 
@@ -204,6 +205,7 @@ def _outer_case(kind, transform, layout, x_sharded=True, w_sharded=True):
         F, x, w = shard_mapped(body, layout, x_sharded, w_sharded)
         R, _, _ = shard_mapped(ref, layout, x_sharded, w_sharded)
         compare(OUTER[transform](F, x, w), OUTER[transform](R, x, w))
+
     return run
 
 
@@ -223,6 +225,7 @@ def _inner_case(kind, transform, layout):
         compare(F(x, w), R(x, w))
         if transform != "grad_in_body":  # (a grad of that would be second order)
             compare(OUTER["grad"](F, x, w), OUTER["grad"](R, x, w))
+
     return run
 
 
@@ -235,6 +238,7 @@ def _psum_case(kind, layout):
         R, _, _ = shard_mapped(lambda x, w: jax.lax.psum(ref(x, w), axes), layout, out_replicated=True)
         compare(F(x, w), R(x, w))
         compare(OUTER["grad"](F, x, w), OUTER["grad"](R, x, w))
+
     return run
 
 
@@ -256,12 +260,13 @@ for _kind, (_, _, _linear) in KINDS.items():
     # sums over the devices (once silently wrong).
     for _transform in ("grad", "jit_grad") + (("linear_transpose",) if _linear else ()):
         CASES[f"shard_map/1d/{_kind}/x_replicated_w_sharded/{_transform}"] = _outer_case(
-            _kind, _transform, "1d", x_sharded=False)
+            _kind, _transform, "1d", x_sharded=False
+        )
     if _kind == "multilinear":
-        CASES[f"shard_map/1d/{_kind}/w_replicated/grad_wrt_w"] = _outer_case(
-            _kind, "grad_wrt_w", "1d", w_sharded=False)
+        CASES[f"shard_map/1d/{_kind}/w_replicated/grad_wrt_w"] = _outer_case(_kind, "grad_wrt_w", "1d", w_sharded=False)
         CASES[f"shard_map/1d/{_kind}/w_replicated/transpose_wrt_w"] = functools.partial(
-            lambda: _transpose_wrt_w(w_sharded=False))
+            lambda: _transpose_wrt_w(w_sharded=False)
+        )
 
 
 def _mixed_case(kind, x_spec, w_spec, transform):
@@ -273,16 +278,18 @@ def _mixed_case(kind, x_spec, w_spec, transform):
         m = mesh("2d")
         x = data(global_shape(x_spec, m), 1)
         w = data(global_shape(w_spec, m), 2) + 2.0
-        F, R = (shard_map(b, mesh=m, in_specs=(x_spec, w_spec), out_specs=P("x", "y"))
-                for b in (body, ref))
+        F, R = (shard_map(b, mesh=m, in_specs=(x_spec, w_spec), out_specs=P("x", "y")) for b in (body, ref))
         compare(OUTER[transform](F, x, w), OUTER[transform](R, x, w))
         compare(OUTER["forward"](F, x, w), OUTER["forward"](R, x, w))
+
     return run
 
 
 for _kind in ("fixed", "multilinear", "nonlinear"):  # (the other kinds do not take w)
-    for _x_spec, _w_spec, _name in [(P("x"), P("x", "y"), "x_over_x_w_over_xy"),
-                                    (P("x", "y"), P("x"), "x_over_xy_w_over_x")]:
+    for _x_spec, _w_spec, _name in [
+        (P("x"), P("x", "y"), "x_over_x_w_over_xy"),
+        (P("x", "y"), P("x"), "x_over_xy_w_over_x"),
+    ]:
         for _transform in ("grad", "jit_grad") + (("grad_wrt_w",) if _kind == "multilinear" else ()):
             CASES[f"shard_map/2d_mixed/{_kind}/{_name}/{_transform}"] = _mixed_case(_kind, _x_spec, _w_spec, _transform)
 
@@ -308,8 +315,7 @@ def _replicated_out_spec():
 
 
 # The cases of partitioned batches under sharded jit (no shard_map) register themselves.
-import _multidevice_partition  # noqa: E402,F401
-
+import _multidevice_partition  # noqa: F401  (its cases register themselves on import)
 
 # ---------------------------------------------------------------------------
 
@@ -323,8 +329,10 @@ def main(shard=0, n_shards=1):
             fn()
             results[name] = {"ok": True, "message": "", "seconds": time.perf_counter() - start}
         except Exception as err:  # reported to the test, which fails with it
-            results[name] = {"ok": False, "message": "".join(
-                traceback.format_exception(type(err), err, err.__traceback__))[-3000:]}
+            results[name] = {
+                "ok": False,
+                "message": "".join(traceback.format_exception(type(err), err, err.__traceback__))[-3000:],
+            }
     return results
 
 

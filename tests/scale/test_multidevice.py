@@ -13,10 +13,10 @@ import socket
 import subprocess
 import sys
 
-import pytest
-
 import _multidevice_cases
 import _subprocesses
+import pytest
+
 import jaxbind
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,7 +43,7 @@ def _environment(devices, timeout=TIMEOUT):
 
 def _json_of(processes, what, timeout=TIMEOUT):
     outputs = _subprocesses.communicate_all(processes, timeout, what)
-    for k, (process, (out, err)) in enumerate(zip(processes, outputs)):
+    for k, (process, (_out, err)) in enumerate(zip(processes, outputs)):
         assert process.returncode == 0, f"{what}, process {k}, exited with {process.returncode}:\n{err[-4000:]}"
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
 
@@ -53,8 +53,13 @@ def case_results():
     n_shards = 2
     script = os.path.join(HERE, "_multidevice_cases.py")
     processes = [
-        subprocess.Popen([sys.executable, script, str(k), str(n_shards)], env=_environment(4),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, script, str(k), str(n_shards)],
+            env=_environment(4),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for k in range(n_shards)
     ]
     results = {}
@@ -82,8 +87,13 @@ def test_two_processes_run_only_their_own_elements():
     port = _free_port()
     script = os.path.join(HERE, "_distributed_worker.py")
     processes = [
-        subprocess.Popen([sys.executable, script, str(pid), str(port)], env=_environment(2, DISTRIBUTED_TIMEOUT),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, script, str(pid), str(port)],
+            env=_environment(2, DISTRIBUTED_TIMEOUT),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for pid in range(2)
     ]
     reports = _json_of(processes, "the 2-process job", DISTRIBUTED_TIMEOUT)

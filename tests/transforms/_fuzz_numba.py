@@ -30,17 +30,22 @@ def _store(flat, i, v):  # pragma: no cover - compiled
 def _store_impl(flat, i, v):
     dtype = flat.dtype
     if isinstance(dtype, types.Complex):
+
         def store(flat, i, v):
             flat[i] = v
     elif isinstance(dtype, types.Float):
+
         def store(flat, i, v):
             flat[i] = v.real
     elif isinstance(dtype, types.Boolean):
+
         def store(flat, i, v):
             flat[i] = v.real != 0
     else:
+
         def store(flat, i, v):
             flat[i] = round(v.real)
+
     return store
 
 
@@ -56,7 +61,7 @@ def _shape(a):
 def _axes_of(i, levels, axes, can_batch):
     """The batch axes of argument i, oldest level first (-1: mapped at none)."""
     if can_batch:
-        return axes[i * levels:(i + 1) * levels].copy()
+        return axes[i * levels : (i + 1) * levels].copy()
     return np.arange(levels)  # walked, or the levels in front
 
 
@@ -126,7 +131,7 @@ def _line_up(flat, starts, ndims, shapes, out_shape, levels, axes, can_batch, co
     out_offsets = _offsets(out_shape, out_lvl, logical)
     values = np.empty((n, out_offsets.size), np.complex128)
     for i in range(n):
-        shape = shapes[i, :ndims[i]].copy()
+        shape = shapes[i, : ndims[i]].copy()
         offsets = _offsets(shape, _logical_dims(ndims[i], levels, _axes_of(i, levels, axes, can_batch)), logical)
         for e in range(offsets.size):
             values[i, e] = flat[starts[i] + offsets[e]]
@@ -143,6 +148,7 @@ def _take(o, row, offsets):
 
 # The functions on the lined-up values (a row per argument, a column per element), in
 # complex128, element by element (loops of scalars compile faster than array expressions).
+
 
 @njit
 def _nb_fixed(v, nf, e):
@@ -277,19 +283,22 @@ def numba_callback(role, n_args, n_out, can_batch):
         layout = ["    levels, axes, layout = kwargs.batch_levels, kwargs.batch_axes, kwargs.layout"]
     else:  # walked, or the levels in front
         layout = ["    levels, axes, layout = out[0].ndim - kwargs.core, np.zeros(0, np.int64), 0"]
-    lines = ["def kernel(out, args, kwargs):"] + layout + [
-        f"    flat = np.empty({' + '.join(f'args[{i}].size' for i in range(n_args))}, np.complex128)",
-        f"    starts, ndims = np.empty({n_args}, np.int64), np.empty({n_args}, np.int64)",
-        f"    shapes = np.ones(({n_args}, {MAX_RANK}), np.int64)",
-        "    start = 0",
-    ]
+    lines = (
+        ["def kernel(out, args, kwargs):"]
+        + layout
+        + [
+            f"    flat = np.empty({' + '.join(f'args[{i}].size' for i in range(n_args))}, np.complex128)",
+            f"    starts, ndims = np.empty({n_args}, np.int64), np.empty({n_args}, np.int64)",
+            f"    shapes = np.ones(({n_args}, {MAX_RANK}), np.int64)",
+            "    start = 0",
+        ]
+    )
     for i in range(n_args):
         lines += [f"    starts[{i}] = start", f"    start = _put(flat, start, args[{i}], shapes, ndims, {i})"]
     lines += [
         f"    values, offsets = _line_up(flat, starts, ndims, shapes, _shape(out[0]), levels, axes, {can_batch},"
         " kwargs.core, layout)",
-        "    results = compute(values, kwargs.nfix, kwargs.coef, kwargs.factor, kwargs.extra, kwargs.nres, "
-        f"{n_out})",
+        f"    results = compute(values, kwargs.nfix, kwargs.coef, kwargs.factor, kwargs.extra, kwargs.nres, {n_out})",
     ] + [f"    _take(out[{k}], results[{k}], offsets)" for k in range(n_out)]
     scope = {"np": np, "_put": _put, "_line_up": _line_up, "_shape": _shape, "_take": _take, "compute": compute}
     exec("\n".join(lines), scope)

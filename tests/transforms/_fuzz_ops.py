@@ -2,15 +2,14 @@
 made from one with each callback Python, numba or a C test kernel."""
 
 import dataclasses
-from typing import Optional, Tuple
-
-import numpy as np
-from hypothesis import strategies as st
 
 import _kernels
+import numpy as np
+from _fuzz_python import PYTHON
+from hypothesis import strategies as st
+
 import jaxbind
 from jaxbind import _vmap_methods
-from _fuzz_python import PYTHON
 
 try:
     import numba
@@ -36,14 +35,14 @@ KINDS = ("python", "numba") if numba is not None else ("python",)
 class Definition:
     function: str
     n_fixed: int
-    dtypes: Tuple[str, ...]  # of every argument, the fixed ones first
-    extra: Optional[str]  # dtype of the extra (non-differentiable) output, or None
+    dtypes: tuple[str, ...]  # of every argument, the fixed ones first
+    extra: str | None  # dtype of the extra (non-differentiable) output, or None
     func_can_batch: bool
     vmap_method: str
     layout: str  # func_can_batch: "front" (levels in front, oldest first) or "last" (like the last argument)
     n_residuals: int
     thread_safe: bool
-    kinds: Tuple[str, ...]  # per callback: (f, *transposes) or (f, f_jvp, f_vjp)
+    kinds: tuple[str, ...]  # per callback: (f, *transposes) or (f, f_jvp, f_vjp)
 
     @property
     def n_x(self):
@@ -124,8 +123,9 @@ def definitions(draw):
         elif function == "sinmix":
             func_can_batch, layout, n_fixed, dtypes = False, "front", 0, ("float64",)
             vmap_method = draw(st.sampled_from(["sequential", "broadcast_all"]))
-    d = Definition(function, n_fixed, dtypes, extra, func_can_batch, vmap_method, layout, n_residuals,
-                   draw(st.booleans()), ())
+    d = Definition(
+        function, n_fixed, dtypes, extra, func_can_batch, vmap_method, layout, n_residuals, draw(st.booleans()), ()
+    )
     available = KINDS + (("native",) if native_kernels_fit(d) else ())
     if style == "mixed":
         kinds = tuple(draw(st.sampled_from(available)) for _ in d.roles)
@@ -140,10 +140,14 @@ def definitions(draw):
 
 # The C test kernels (tests/kernels/test_kernels.c) by (role, func_can_batch).
 NATIVE = {
-    ("scale_f", False): LIB.jb_scale, ("scale_T", False): LIB.jb_scale,
-    ("scale_f", True): LIB.jb_batched_scale, ("scale_T", True): LIB.jb_batched_scale,
-    ("product_f", False): LIB.jb_multiply, ("product_T", False): LIB.jb_multiply,
-    ("sinmix_f", False): LIB.jb_xsin, ("sinmix_jvp", False): LIB.jb_xsin_derivative,
+    ("scale_f", False): LIB.jb_scale,
+    ("scale_T", False): LIB.jb_scale,
+    ("scale_f", True): LIB.jb_batched_scale,
+    ("scale_T", True): LIB.jb_batched_scale,
+    ("product_f", False): LIB.jb_multiply,
+    ("product_T", False): LIB.jb_multiply,
+    ("sinmix_f", False): LIB.jb_xsin,
+    ("sinmix_jvp", False): LIB.jb_xsin_derivative,
     ("sinmix_vjp", False): LIB.jb_xsin_derivative,
 }
 
@@ -170,11 +174,14 @@ def _abstract(dtypes, layout):
 def counts(d: Definition, role):
     """How many inputs and outputs the callback of ``role`` has."""
     n_in, n_outputs = len(d.dtypes), 1 + bool(d.extra)  # (a transpose gets a cotangent of every output)
-    return {"f": (n_in, n_outputs + d.n_residuals),
-            "lincomb_T": (d.n_fixed + n_outputs, d.n_x), "scale_T": (d.n_fixed + n_outputs, 1),
-            "product_T": (n_in - 1 + n_outputs, 1),
-            "sinmix_jvp": (n_in + d.n_residuals + d.n_x, 1),  # the float output's tangent only
-            "sinmix_vjp": (n_in + d.n_residuals + 1, d.n_x)}[role if role in COUNTED else "f"]
+    return {
+        "f": (n_in, n_outputs + d.n_residuals),
+        "lincomb_T": (d.n_fixed + n_outputs, d.n_x),
+        "scale_T": (d.n_fixed + n_outputs, 1),
+        "product_T": (n_in - 1 + n_outputs, 1),
+        "sinmix_jvp": (n_in + d.n_residuals + d.n_x, 1),  # the float output's tangent only
+        "sinmix_vjp": (n_in + d.n_residuals + 1, d.n_x),
+    }[role if role in COUNTED else "f"]
 
 
 COUNTED = ("lincomb_T", "scale_T", "product_T", "sinmix_jvp", "sinmix_vjp")
@@ -194,20 +201,37 @@ OPS = {}  # Definition -> op: each distinct definition is made once
 def make_op(d: Definition):
     if d in OPS:
         return OPS[d]
-    rt, xs = d.result_dtype, [np.dtype(t) for t in d.dtypes[d.n_fixed:]]
+    rt, xs = d.result_dtype, [np.dtype(t) for t in d.dtypes[d.n_fixed :]]
     outputs = [rt] + ([np.dtype(d.extra)] if d.extra else [])
     callbacks = [_callback(d, role, kind) for role, kind in zip(d.roles, d.kinds)]
-    flags = dict(first_n_args_fixed=d.n_fixed, func_can_batch=d.func_can_batch, vmap_method=d.vmap_method,
-                 thread_safe=d.thread_safe, name=f"fuzz{len(OPS)}_{d.function}")
+    flags = dict(
+        first_n_args_fixed=d.n_fixed,
+        func_can_batch=d.func_can_batch,
+        vmap_method=d.vmap_method,
+        thread_safe=d.thread_safe,
+        name=f"fuzz{len(OPS)}_{d.function}",
+    )
     if d.function == "sinmix":
         residuals = [rt] + [np.dtype(np.int16)] * (d.n_residuals - 1) if d.n_residuals else []
-        op = jaxbind.get_nonlinear_call(callbacks[0], tuple(callbacks[1:]), _abstract(outputs + residuals, d.layout),
-                                        _abstract(xs, d.layout), n_residuals=d.n_residuals, **flags)
+        op = jaxbind.get_nonlinear_call(
+            callbacks[0],
+            tuple(callbacks[1:]),
+            _abstract(outputs + residuals, d.layout),
+            _abstract(xs, d.layout),
+            n_residuals=d.n_residuals,
+            **flags,
+        )
     elif d.function == "product":
-        op = jaxbind.get_linear_call(callbacks[0], tuple(callbacks[1:]), _abstract(outputs, d.layout),
-                                     tuple(_abstract([x], d.layout) for x in xs), **flags)
+        op = jaxbind.get_linear_call(
+            callbacks[0],
+            tuple(callbacks[1:]),
+            _abstract(outputs, d.layout),
+            tuple(_abstract([x], d.layout) for x in xs),
+            **flags,
+        )
     else:
-        op = jaxbind.get_linear_call(callbacks[0], callbacks[1], _abstract(outputs, d.layout),
-                                     _abstract(xs, d.layout), **flags)
+        op = jaxbind.get_linear_call(
+            callbacks[0], callbacks[1], _abstract(outputs, d.layout), _abstract(xs, d.layout), **flags
+        )
     OPS[d] = op
     return op

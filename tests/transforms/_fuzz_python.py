@@ -55,7 +55,7 @@ def py_product_f(a, kw, dts):
 def py_product_T(a, kw, dts):  # (*fixed, *the other x, ct_y[, ct_extra])
     nf, nx = kw["nfix"], len(kw["coef"])
     ct = a[nf + nx - 1]
-    others = [x.astype(ct.dtype) for x in a[nf:nf + nx - 1]]
+    others = [x.astype(ct.dtype) for x in a[nf : nf + nx - 1]]
     return [functools.reduce(operator.mul, others, _fixed_product(a, nf, ct.dtype)) * ct]
 
 
@@ -66,8 +66,9 @@ def _sinmix_derivatives(a, kw, dt, residuals):
     xs = [a[nf + j].astype(dt) for j in range(len(c))]
     D = [F * cj * (np.sin(x) + x * np.cos(x)) for cj, x in zip(c, xs)]
     if residuals:
-        D[0] = functools.reduce(operator.mul, [(r / (k + 2)).astype(dt) for k, r in enumerate(residuals[1:])],
-                                residuals[0].astype(dt))
+        D[0] = functools.reduce(
+            operator.mul, [(r / (k + 2)).astype(dt) for k, r in enumerate(residuals[1:])], residuals[0].astype(dt)
+        )
     return D
 
 
@@ -85,14 +86,14 @@ def py_sinmix_f(a, kw, dts):
 
 def py_sinmix_jvp(a, kw, dts):  # (*primals, *residuals, *tangents of the x)
     n_in, nres, dt = kw["nfix"] + len(kw["coef"]), kw["nres"], dts[0]
-    D = _sinmix_derivatives(a, kw, dt, a[n_in:n_in + nres])
-    return [sum(Dj * t.astype(dt) for Dj, t in zip(D, a[n_in + nres:]))]
+    D = _sinmix_derivatives(a, kw, dt, a[n_in : n_in + nres])
+    return [sum(Dj * t.astype(dt) for Dj, t in zip(D, a[n_in + nres :]))]
 
 
 def py_sinmix_vjp(a, kw, dts):  # (*primals, *residuals, ct_y)
     n_in, nres = kw["nfix"] + len(kw["coef"]), kw["nres"]
     ct = a[n_in + nres]
-    return [Dj * ct for Dj in _sinmix_derivatives(a, kw, ct.dtype, a[n_in:n_in + nres])]
+    return [Dj * ct for Dj in _sinmix_derivatives(a, kw, ct.dtype, a[n_in : n_in + nres])]
 
 
 def _python(compute, name):

@@ -73,12 +73,12 @@ def test_callback_may_itself_run_jax():
     def jax_inside(out, args, kwargs_dump):
         out[0][...] = np.asarray(jnp.sin(jnp.asarray(args[0])))
 
-    inner = jaxbind.get_nonlinear_call(jax_inside, (x_sin_x_derivative, x_sin_x_derivative),
-                                       like_first, like_first)
+    inner = jaxbind.get_nonlinear_call(jax_inside, (x_sin_x_derivative, x_sin_x_derivative), like_first, like_first)
     x = jnp.linspace(0.0, 1.0, 3)
     np.testing.assert_allclose(jax.jit(lambda v: inner(v)[0])(x), np.sin(x), rtol=1e-12)
     side = jnp.linspace(0.0, 1.0, 1 << 16)
-    looped, total = jax.jit(lambda v, s: (jax.lax.fori_loop(0, 3, lambda i, c: inner(c)[0], v),
-                                          jnp.sum(jnp.sin(s))))(x, side)
+    looped, total = jax.jit(lambda v, s: (jax.lax.fori_loop(0, 3, lambda i, c: inner(c)[0], v), jnp.sum(jnp.sin(s))))(
+        x, side
+    )
     np.testing.assert_allclose(looped, np.sin(np.sin(np.sin(x))), rtol=1e-12)
     np.testing.assert_allclose(total, np.sin(np.asarray(side)).sum(), rtol=1e-10)

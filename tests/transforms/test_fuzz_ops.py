@@ -47,19 +47,23 @@ import numpy as np
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, note, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from _fuzz_ops import Definition, definitions, make_op  # noqa: E402
-from _shared import sample  # noqa: E402
+from _fuzz_ops import Definition, definitions, make_op
+from _shared import sample
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
 
 # Examples (random programs): JAXBIND_PROPERTY_EXAMPLES (default 25; each compiles a program or
 # two, and the numba kernels compile once per signature). Derandomized, unless
 # JAXBIND_PROPERTY_SEED picks another search (hypothesis's seed).
 EXAMPLES = int(os.environ.get("JAXBIND_PROPERTY_EXAMPLES", "25"))
 SEED = os.environ.get("JAXBIND_PROPERTY_SEED")
-BOUNDED = settings(max_examples=EXAMPLES, deadline=None, derandomize=SEED is None, database=None,
-                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+BOUNDED = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=SEED is None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 SEEDED = hypothesis.seed(int(SEED)) if SEED is not None else (lambda test: test)
 
 VALUES = (-2.0, -1.0, -0.5, 0.5, 1.0, 1.5, 3.0)  # coefficients and factors
@@ -150,7 +154,7 @@ def t_grad(fn, argnums):
 
 def build_program(data, d: Definition, op, kwargs, core):
     """Draw transformations; returns (op program, reference program, argument specs, description)."""
-    ours = lambda *args: tuple(op(*args, **kwargs))  # noqa: E731
+    ours = lambda *args: tuple(op(*args, **kwargs))
     ref = reference(d, kwargs)
     specs = [(core, np.dtype(t)) for t in d.dtypes]
     diff = list(range(d.n_fixed, len(specs)))  # the arguments that may be differentiated
@@ -161,8 +165,9 @@ def build_program(data, d: Definition, op, kwargs, core):
         t = data.draw(st.sampled_from(choices), label="transformation")
         if t in ("jvp", "vjp", "grad"):
             derivatives_left -= 1
-            argnums = tuple(sorted(data.draw(st.lists(st.sampled_from(diff), min_size=1, unique=True),
-                                             label=f"{t} argnums")))
+            argnums = tuple(
+                sorted(data.draw(st.lists(st.sampled_from(diff), min_size=1, unique=True), label=f"{t} argnums"))
+            )
         n = len(specs)
         if t == "jit":
             ours = jax.jit(ours)
@@ -196,6 +201,7 @@ def build_program(data, d: Definition, op, kwargs, core):
 # The test
 # ---------------------------------------------------------------------------
 
+
 def tolerance(d: Definition, want):
     tol = 2e-4 if d.single_precision else 1e-10
     scale = float(np.max(np.abs(want))) if want.size else 1.0
@@ -204,15 +210,26 @@ def tolerance(d: Definition, want):
 
 @SEEDED
 @BOUNDED
-@given(d=definitions(), core=st.lists(st.integers(1, 3), max_size=2).map(tuple),
-       coef=st.lists(st.sampled_from(VALUES), min_size=3, max_size=3), factor=st.sampled_from(VALUES),
-       seed=st.integers(0, 2**16), data=st.data())
+@given(
+    d=definitions(),
+    core=st.lists(st.integers(1, 3), max_size=2).map(tuple),
+    coef=st.lists(st.sampled_from(VALUES), min_size=3, max_size=3),
+    factor=st.sampled_from(VALUES),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
 def test_random_ops_under_random_transformations_match_jax_numpy(d, core, coef, factor, seed, data):
     if d.function == "sinmix" and "native" in d.kinds:
         coef = [1.0] * 3  # jb_xsin computes x sin(x)
-    kwargs = dict(nfix=d.n_fixed, coef=tuple(float(c) for c in coef[:d.n_x]), factor=float(factor),
-                  core=len(core), layout=int(d.layout == "last"),
-                  extra={None: 0, "bool": 1}.get(d.extra, 2), nres=d.n_residuals)
+    kwargs = dict(
+        nfix=d.n_fixed,
+        coef=tuple(float(c) for c in coef[: d.n_x]),
+        factor=float(factor),
+        core=len(core),
+        layout=int(d.layout == "last"),
+        extra={None: 0, "bool": 1}.get(d.extra, 2),
+        nres=d.n_residuals,
+    )
     op = make_op(d)
     ours, ref, specs, description = build_program(data, d, op, kwargs, core)
     note(f"program: {description}; arguments {[(s, dt.name) for s, dt in specs]}; kwargs {kwargs}")

@@ -12,20 +12,19 @@ import numpy as np
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import _kernels
+from _shared import sample
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-import _kernels  # noqa: E402
-import jaxbind  # noqa: E402
-from _shared import sample  # noqa: E402
+import jaxbind
 
 LIB = _kernels.load()
 # Examples per test: JAXBIND_PROPERTY_EXAMPLES (default 40; each compiles a program or two).
 EXAMPLES = int(os.environ.get("JAXBIND_PROPERTY_EXAMPLES", "40"))
 BOUNDED = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None)
 
-NUMERIC = ["int8", "int32", "uint16", "int64", "float16", "bfloat16", "float32", "float64",
-           "complex64", "complex128"]
+NUMERIC = ["int8", "int32", "uint16", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
 FLOATING = ["float32", "float64", "complex64", "complex128"]
 
 
@@ -75,10 +74,12 @@ def combine_reference(*args, coefficients):
 
 
 picklable = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
-    | st.text(max_size=5),
-    lambda children: st.lists(children, max_size=3) | st.tuples(children, children)
-    | st.dictionaries(st.text(max_size=3), children, max_size=3),
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.tuples(children, children)
+        | st.dictionaries(st.text(max_size=3), children, max_size=3)
+    ),
     max_leaves=6,
 )
 shapes = st.lists(st.integers(0, 3), max_size=3).map(tuple)
@@ -101,8 +102,9 @@ def batched_inputs(cores, levels):
     axes); the elements along a level differ (rolled copies)."""
     arrays = list(cores)
     for axes, size in reversed(levels):
-        arrays = [x if a is None else np.stack([np.roll(x, k) for k in range(size)], axis=a)
-                  for x, a in zip(arrays, axes)]
+        arrays = [
+            x if a is None else np.stack([np.roll(x, k) for k in range(size)], axis=a) for x, a in zip(arrays, axes)
+        ]
     return arrays
 
 
@@ -113,9 +115,15 @@ def vmapped(fn, levels):
 
 
 @BOUNDED
-@given(dtype=st.sampled_from(NUMERIC), shape=shapes, n_inputs=st.integers(1, 3),
-       coefficients=st.lists(st.integers(-3, 3), min_size=3, max_size=3), extra=picklable,
-       mode=st.sampled_from(["eager", "jit"]), data=st.data())
+@given(
+    dtype=st.sampled_from(NUMERIC),
+    shape=shapes,
+    n_inputs=st.integers(1, 3),
+    coefficients=st.lists(st.integers(-3, 3), min_size=3, max_size=3),
+    extra=picklable,
+    mode=st.sampled_from(["eager", "jit"]),
+    data=st.data(),
+)
 def test_random_linear_op_matches_jax_numpy(dtype, shape, n_inputs, coefficients, extra, mode, data):
     coefficients = coefficients[:n_inputs]
     if jnp.dtype(dtype).kind == "u":
@@ -131,9 +139,11 @@ def test_random_linear_op_matches_jax_numpy(dtype, shape, n_inputs, coefficients
     got = ours(*arrays)
     want = reference(*arrays)
     assert got.dtype == want.dtype and got.shape == want.shape
-    np.testing.assert_allclose(np.asarray(got, np.complex128 if jnp.dtype(dtype).kind == "c" else np.float64),
-                               np.asarray(want, np.complex128 if jnp.dtype(dtype).kind == "c" else np.float64),
-                               **tolerance(dtype))
+    np.testing.assert_allclose(
+        np.asarray(got, np.complex128 if jnp.dtype(dtype).kind == "c" else np.float64),
+        np.asarray(want, np.complex128 if jnp.dtype(dtype).kind == "c" else np.float64),
+        **tolerance(dtype),
+    )
     # the kwargs reach every call intact (one call per batch element; XLA skips
     # a call whose outputs are all empty)
     calls = int(np.prod([size for _, size in levels]))
@@ -141,14 +151,20 @@ def test_random_linear_op_matches_jax_numpy(dtype, shape, n_inputs, coefficients
 
 
 @BOUNDED
-@given(dtype=st.sampled_from(FLOATING), shape=shapes, n_inputs=st.integers(1, 3),
-       coefficients=st.lists(st.integers(-3, 3), min_size=3, max_size=3), data=st.data())
+@given(
+    dtype=st.sampled_from(FLOATING),
+    shape=shapes,
+    n_inputs=st.integers(1, 3),
+    coefficients=st.lists(st.integers(-3, 3), min_size=3, max_size=3),
+    data=st.data(),
+)
 def test_random_linear_op_gradients_match_jax_numpy(dtype, shape, n_inputs, coefficients, data):
     coefficients = coefficients[:n_inputs]
     levels = data.draw(batching(n_inputs, len(shape)))
     arrays = batched_inputs([sample(dtype, shape, seed=i) for i in range(n_inputs)], levels)
-    weights = sample(dtype, np.shape(vmapped(lambda *xs: combine_reference(*xs, coefficients=coefficients),
-                                             levels)(*arrays)), seed=7)
+    weights = sample(
+        dtype, np.shape(vmapped(lambda *xs: combine_reference(*xs, coefficients=coefficients), levels)(*arrays)), seed=7
+    )
 
     def loss(fn):
         return lambda *xs: jnp.sum(jnp.real(weights * fn(*xs)))
@@ -171,12 +187,17 @@ native_scale = jaxbind.get_linear_call(LIB.jb_scale, LIB.jb_scale, scale_abstrac
 
 
 @BOUNDED
-@given(dtype=st.sampled_from(FLOATING), shape=shapes, factor=st.floats(-4, 4),
-       mode=st.sampled_from(["eager", "jit", "vmap", "grad"]), data=st.data())
+@given(
+    dtype=st.sampled_from(FLOATING),
+    shape=shapes,
+    factor=st.floats(-4, 4),
+    mode=st.sampled_from(["eager", "jit", "vmap", "grad"]),
+    data=st.data(),
+)
 def test_random_native_kernel_matches_jax_numpy(dtype, shape, factor, mode, data):
     x = sample(dtype, shape, seed=3)
-    op = lambda v: native_scale(v, factor=factor)[0]  # noqa: E731
-    reference = lambda v: (factor * v).astype(v.dtype)  # noqa: E731
+    op = lambda v: native_scale(v, factor=factor)[0]
+    reference = lambda v: (factor * v).astype(v.dtype)
     if mode == "jit":
         op = jax.jit(op)
     elif mode == "vmap":

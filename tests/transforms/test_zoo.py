@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import jax.test_util
 import numpy as np
 import pytest
-
 import zoo
+
 from jaxbind.testing import check_op
 
 SINGLE = (np.dtype(np.float32), np.dtype(np.complex64))
@@ -40,8 +40,10 @@ class Case:
     def batched_args(self, in_axes, size=5, seed=30):
         """Arguments with a batch of ``size`` at ``in_axes`` (an int, or one per argument)."""
         axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(self.args)
-        return [a if ax is None else np.moveaxis(sample((size,) + a.shape, self.dtype, seed + i), 0, ax)
-                for i, (a, ax) in enumerate(zip(self.args, axes))]
+        return [
+            a if ax is None else np.moveaxis(sample((size,) + a.shape, self.dtype, seed + i), 0, ax)
+            for i, (a, ax) in enumerate(zip(self.args, axes))
+        ]
 
     def close(self, got, want):
         got, want = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
@@ -52,9 +54,12 @@ class Case:
 
     def loss(self, f):
         """A real loss of the outputs (the real*imag term catches a wrong conjugation)."""
+
         def loss(*args):
-            return sum(jnp.sum(jnp.abs(y) ** 2) + jnp.sum(jnp.real(y) * jnp.imag(y)) + jnp.sum(jnp.real(y))
-                       for y in f(*args))
+            return sum(
+                jnp.sum(jnp.abs(y) ** 2) + jnp.sum(jnp.real(y) * jnp.imag(y)) + jnp.sum(jnp.real(y)) for y in f(*args)
+            )
+
         return loss
 
     def mixed_in_axes(self):
@@ -101,9 +106,13 @@ def test_jvp(case):
 
     def jvp(f):
         def run(*args_and_tangents):
-            args, ts = list(args_and_tangents[:len(case.args)]), args_and_tangents[len(case.args):]
-            return jax.jvp(lambda *d: f(*[d[n.index(i)] if i in n else a for i, a in enumerate(args)]),
-                           tuple(args[i] for i in n), tuple(ts[i] for i in n))
+            args, ts = list(args_and_tangents[: len(case.args)]), args_and_tangents[len(case.args) :]
+            return jax.jvp(
+                lambda *d: f(*[d[n.index(i)] if i in n else a for i, a in enumerate(args)]),
+                tuple(args[i] for i in n),
+                tuple(ts[i] for i in n),
+            )
+
         return run
 
     want = jvp(case.ref)(*case.args, *tangents)
@@ -114,6 +123,7 @@ def test_jvp(case):
 def _pullback(f, args, argnums, cts):
     def g(*d):
         return f(*[d[argnums.index(i)] if i in argnums else a for i, a in enumerate(args)])
+
     y, pullback = jax.vjp(g, *[args[i] for i in argnums])
     return y, pullback(cts)
 
@@ -121,8 +131,9 @@ def _pullback(f, args, argnums, cts):
 def test_vjp(case):
     ys = case.ref(*case.args)
     cts = tuple(sample(np.shape(y), case.dtype, 70 + i) for i, y in enumerate(ys))
-    case.close(_pullback(case.f, case.args, case.entry.argnums, cts),
-               _pullback(case.ref, case.args, case.entry.argnums, cts))
+    case.close(
+        _pullback(case.f, case.args, case.entry.argnums, cts), _pullback(case.ref, case.args, case.entry.argnums, cts)
+    )
 
 
 def test_grad(case):
@@ -135,8 +146,10 @@ def test_grad(case):
 def test_linear_transpose(linear_case):
     c = linear_case
     for i in c.entry.argnums:  # (a multilinear op is linear in each argument alone)
+
         def g(f):
             return lambda v: f(*[v if j == i else a for j, a in enumerate(c.args)])
+
         ys = c.ref(*c.args)
         cts = tuple(sample(np.shape(y), c.dtype, 90 + k) for k, y in enumerate(ys))
         c.close(jax.linear_transpose(g(c.f), c.args[i])(cts), jax.linear_transpose(g(c.ref), c.args[i])(cts))
@@ -149,8 +162,8 @@ def test_check_grads(case):
 
     def f(*d):
         return case.f(*[d[argnums.index(i)] if i in argnums else a for i, a in enumerate(case.args)])
-    jax.test_util.check_grads(f, tuple(case.args[i] for i in argnums), order=order, modes=("fwd", "rev"),
-                              eps=eps)
+
+    jax.test_util.check_grads(f, tuple(case.args[i] for i in argnums), order=order, modes=("fwd", "rev"), eps=eps)
 
 
 def test_vmap(case):
@@ -168,8 +181,10 @@ def test_nested_vmap(composed_case):
     args = case.batched_args(0, size=2)
     args = [np.moveaxis(sample((3,) + a.shape, case.dtype, 40 + i), 0, 2) for i, a in enumerate(args)]
     for outer, inner in [(0, 1), (2, 0), (1, 1)]:
+
         def nest(f):
             return jax.vmap(jax.vmap(f, in_axes=inner), in_axes=outer)
+
         want = nest(case.ref)(*args)
         if (outer, inner) == (0, 1):
             case.close(nest(case.f)(*args), want)  # (eager once)
@@ -183,10 +198,10 @@ def test_vmap_of_grad_and_grad_of_vmap(composed_case):
         args = case.batched_args(in_axes, size=4)
         if isinstance(in_axes, tuple) and all(in_axes[i] is None for i in argnums):
             continue
-        vg = lambda f: jax.jit(jax.vmap(jax.grad(case.loss(f), argnums=argnums), in_axes=in_axes))  # noqa: E731
+        vg = lambda f: jax.jit(jax.vmap(jax.grad(case.loss(f), argnums=argnums), in_axes=in_axes))
         case.close(vg(case.f)(*args), vg(case.ref)(*args))
         # an unmapped differentiated argument gets its cotangent summed over the batch
-        gv = lambda f: jax.jit(jax.grad(case.loss(jax.vmap(f, in_axes=in_axes)), argnums=argnums))  # noqa: E731
+        gv = lambda f: jax.jit(jax.grad(case.loss(jax.vmap(f, in_axes=in_axes)), argnums=argnums))
         case.close(gv(case.f)(*args), gv(case.ref)(*args))
 
 
@@ -199,13 +214,17 @@ def test_vmap_of_jvp_and_vjp(composed_case):
 
     def jvp(f):
         def run(*a):
-            args, ts = a[:len(case.args)], a[len(case.args):]
-            return jax.jvp(lambda *d: f(*[d[argnums.index(i)] if i in argnums else x for i, x in enumerate(args)]),
-                           tuple(args[i] for i in argnums), tuple(ts[i] for i in argnums))
+            args, ts = a[: len(case.args)], a[len(case.args) :]
+            return jax.jvp(
+                lambda *d: f(*[d[argnums.index(i)] if i in argnums else x for i, x in enumerate(args)]),
+                tuple(args[i] for i in argnums),
+                tuple(ts[i] for i in argnums),
+            )
+
         return jax.vmap(run)
 
     def vjp(f):
-        return jax.vmap(lambda *a: _pullback(f, a[:len(case.args)], argnums, tuple(a[len(case.args):])))
+        return jax.vmap(lambda *a: _pullback(f, a[: len(case.args)], argnums, tuple(a[len(case.args) :])))
 
     case.close(jvp(case.f)(*args, *tangents), jvp(case.ref)(*args, *tangents))
     case.close(jax.jit(vjp(case.f))(*args, *cts), vjp(case.ref)(*args, *cts))  # batched (scalar) cotangents
@@ -213,6 +232,7 @@ def test_vmap_of_jvp_and_vjp(composed_case):
 
 def test_vmapped_call_is_one_custom_call_without_loop(composed_case):
     case = composed_case
+
     def assert_one_call(fn, *args):
         text = jax.jit(fn).lower(*args).as_text()
         assert text.count("@jaxbind_dispatch") == 1, text
@@ -224,8 +244,10 @@ def test_vmapped_call_is_one_custom_call_without_loop(composed_case):
     assert_one_call(jax.vmap(jax.vmap(case.f), in_axes=2), *case.batched_args(2))
     d = case.entry.argnums[-1]
     ys = jax.vmap(case.ref)(*args)
-    assert_one_call(lambda *a: jax.vjp(lambda v: jax.vmap(case.f)(*[v if j == d else b for j, b in enumerate(a)]),
-                                       a[d])[1](ys)[0], *args)
+    assert_one_call(
+        lambda *a: jax.vjp(lambda v: jax.vmap(case.f)(*[v if j == d else b for j, b in enumerate(a)]), a[d])[1](ys)[0],
+        *args,
+    )
 
 
 @pytest.mark.parametrize("case_", [c for c in REDUCED if c[1] in ("python", "native")], ids=zoo.case_id)
@@ -251,7 +273,7 @@ def test_scale_default_and_integer_factor(kind):
 @pytest.mark.parametrize("kind", sorted(zoo.BATCHED_LEVELS))
 def test_func_can_batch_sees_every_level_in_one_call(kind):
     op = zoo.BATCHED_LEVELS[kind]
-    f = lambda v: op(v, factor=zoo.FACTOR)  # noqa: E731
+    f = lambda v: op(v, factor=zoo.FACTOR)
     x = sample((3, 4), np.float64, 1)
     y, levels = jax.jit(f)(x)
     assert levels.shape == () and int(levels) == 0  # unbatched

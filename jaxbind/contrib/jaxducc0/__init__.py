@@ -29,7 +29,7 @@ Needs ``ducc0`` (``pip install 'jaxbind-ffi[ducc0]'``).
 """
 
 try:
-    import ducc0  # noqa: F401
+    import ducc0  # noqa: F401  (imported to say early, in words, that ducc0 is missing)
 except ImportError as _err:
     raise ImportError(
         "jaxbind.contrib.jaxducc0 needs the ducc0 package, which is not installed: "
@@ -46,8 +46,16 @@ from ._sht import alm2realalm, get_healpix_sht, healpix_sht, nalm, realalm2alm
 from ._wgridder import get_wgridder, wgridder
 
 __all__ = [
-    "alm2realalm", "c2c", "genuine_fht", "get_healpix_sht", "get_wgridder", "healpix_sht", "nalm",
-    "nufft", "realalm2alm", "wgridder",
+    "alm2realalm",
+    "c2c",
+    "genuine_fht",
+    "get_healpix_sht",
+    "get_wgridder",
+    "healpix_sht",
+    "nalm",
+    "nufft",
+    "realalm2alm",
+    "wgridder",
 ]
 
 

@@ -17,8 +17,7 @@ def _check_kwargs(kwargs, allowed):
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise TypeError(
-            f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
-            f"accepted: {', '.join(sorted(allowed))}."
+            f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}; accepted: {', '.join(sorted(allowed))}."
         )
 
 

@@ -5,8 +5,7 @@ import operator
 import ducc0
 
 from ... import get_linear_call, load_kwargs
-from ._common import _COMPLEX_OF, _REAL_OF, _check_kwargs, _check_dtype
-
+from ._common import _COMPLEX_OF, _REAL_OF, _check_dtype, _check_kwargs
 
 # ---------------------------------------------------------------------------
 # FFT and Hartley transform: one array in, one of the same shape and dtype out.
@@ -35,9 +34,7 @@ def _transform_axes(ndim, batch_axes, axes):
         try:
             wanted = [operator.index(a) for a in axes]
         except TypeError:
-            raise TypeError(
-                f"axes must be None, an int or a sequence of ints, got {axes!r}."
-            ) from None
+            raise TypeError(f"axes must be None, an int or a sequence of ints, got {axes!r}.") from None
     chosen = []
     for a in wanted:
         if not -len(core) <= a < len(core):

@@ -19,8 +19,10 @@ from ._common import _COMPLEX_OF, _check_dtype
 
 def _check_points(coord, shape):
     if len(coord.shape) != 2 or coord.shape[1] != len(shape):
-        raise ValueError(f"coord must have shape (npoints, {len(shape)}) for a grid of shape {tuple(shape)}, "
-                         f"got {tuple(coord.shape)}.")
+        raise ValueError(
+            f"coord must have shape (npoints, {len(shape)}) for a grid of shape {tuple(shape)}, "
+            f"got {tuple(coord.shape)}."
+        )
     _check_dtype("coord", coord.dtype, (np.dtype(np.float32), np.dtype(np.float64)))
 
 
@@ -28,11 +30,14 @@ def _u2nu_abstract(coord, grid, *, shape, **kwargs):
     _check_points(coord, shape)
     _check_dtype("the grid", grid.dtype, tuple(_COMPLEX_OF.values()))
     if tuple(grid.shape) != tuple(shape):
-        raise ValueError(f"the grid must have shape {tuple(shape)} (the keyword argument shape), got "
-                         f"{tuple(grid.shape)}.")
+        raise ValueError(
+            f"the grid must have shape {tuple(shape)} (the keyword argument shape), got {tuple(grid.shape)}."
+        )
     if _COMPLEX_OF[np.dtype(coord.dtype)] != np.dtype(grid.dtype):  # (the plan's precision is the points')
-        raise TypeError(f"coord of {np.dtype(coord.dtype).name} goes with a grid of "
-                        f"{_COMPLEX_OF[np.dtype(coord.dtype)].name}, got {np.dtype(grid.dtype).name}.")
+        raise TypeError(
+            f"coord of {np.dtype(coord.dtype).name} goes with a grid of "
+            f"{_COMPLEX_OF[np.dtype(coord.dtype)].name}, got {np.dtype(grid.dtype).name}."
+        )
     return (((coord.shape[0],), grid.dtype),)
 
 
@@ -43,8 +48,13 @@ def _nu2u_abstract(coord, values, *, shape, **kwargs):
 
 def _plan(args, kwargs):
     # A ducc0 plan must not run two transforms at once: calls from several threads take turns.
-    plan = ducc0.nufft.plan(nu2u=False, coord=args[0], grid_shape=tuple(kwargs["shape"]),
-                            epsilon=float(kwargs["epsilon"]), nthreads=int(kwargs.get("nthreads", 1)))
+    plan = ducc0.nufft.plan(
+        nu2u=False,
+        coord=args[0],
+        grid_shape=tuple(kwargs["shape"]),
+        epsilon=float(kwargs["epsilon"]),
+        nthreads=int(kwargs.get("nthreads", 1)),
+    )
     return plan, threading.Lock()
 
 
@@ -61,7 +71,13 @@ def _nu2u(out, args, kwargs_dump, state):
 
 
 nufft = get_linear_call(
-    _u2nu, _nu2u, _u2nu_abstract, _nu2u_abstract, first_n_args_fixed=1, setup=_plan, setup_cache=4,
+    _u2nu,
+    _nu2u,
+    _u2nu_abstract,
+    _nu2u_abstract,
+    first_n_args_fixed=1,
+    setup=_plan,
+    setup_cache=4,
     name="jaxducc0.nufft",
 )
 nufft.__doc__ = """nufft(coord, grid, *, shape, epsilon, forward=True, nthreads=1)

@@ -7,8 +7,7 @@ import ducc0
 import numpy as np
 
 from ... import get_linear_call, load_kwargs
-from ._common import _COMPLEX_OF, _REAL_OF, _SQRT2, _check_kwargs, _check_dtype
-
+from ._common import _COMPLEX_OF, _REAL_OF, _SQRT2, _check_dtype, _check_kwargs
 
 # ---------------------------------------------------------------------------
 # Spherical harmonic synthesis on HEALPix.
@@ -172,8 +171,9 @@ def _healpix_geometry(nside):
 
 
 def _sht_params(kw):
-    return dict(lmax=kw["lmax"], mmax=kw["mmax"], spin=kw["spin"], nthreads=kw["nthreads"],
-                **_healpix_geometry(kw["nside"]))
+    return dict(
+        lmax=kw["lmax"], mmax=kw["mmax"], spin=kw["spin"], nthreads=kw["nthreads"], **_healpix_geometry(kw["nside"])
+    )
 
 
 def _ncomp(spin):
@@ -207,7 +207,7 @@ def _to_stack(a, batch_axes):
         return a[None]
     axes = batch_axes[0]
     moved = np.moveaxis(a, axes, range(len(axes)))
-    return moved.reshape((-1,) + moved.shape[len(axes):])
+    return moved.reshape((-1,) + moved.shape[len(axes) :])
 
 
 def _from_stack(out, stack, batch_axes):
@@ -278,8 +278,7 @@ def _sht_adjoint(out, args, kwargs_dump):
 
 
 healpix_sht = get_linear_call(
-    _sht_synthesis, _sht_adjoint, _sht_abstract, _sht_abstract_T, func_can_batch=True,
-    name="jaxducc0.healpix_sht",
+    _sht_synthesis, _sht_adjoint, _sht_abstract, _sht_abstract_T, func_can_batch=True, name="jaxducc0.healpix_sht"
 )
 healpix_sht.__doc__ = """healpix_sht(x, *, nside, lmax, mmax, spin, nthreads)
 

@@ -9,7 +9,6 @@ import numpy as np
 from ... import get_linear_call, load_kwargs
 from ._common import _COMPLEX_OF, _REAL_OF, _check_dtype
 
-
 # ---------------------------------------------------------------------------
 # The w-gridder: dirty image (real, npix_x x npix_y) -> visibilities (complex,
 # nrow x nchan), linear in the image; uvw and freq are fixed arguments.
@@ -44,8 +43,7 @@ def _dirty2vis_abstract(uvw, freq, dirty, **kw):
     _check_dtype("the image", dirty.dtype, tuple(_COMPLEX_OF))
     if tuple(dirty.shape) != (kw["npix_x"], kw["npix_y"]):
         raise ValueError(
-            f"the image must have shape (npix_x, npix_y) = "
-            f"{(kw['npix_x'], kw['npix_y'])}, got {tuple(dirty.shape)}."
+            f"the image must have shape (npix_x, npix_y) = {(kw['npix_x'], kw['npix_y'])}, got {tuple(dirty.shape)}."
         )
     return (((uvw.shape[0], freq.shape[0]), _COMPLEX_OF[np.dtype(dirty.dtype)]),)
 
@@ -70,14 +68,11 @@ def _dirty2vis(out, args, kwargs_dump):
 def _vis2dirty(out, args, kwargs_dump):
     uvw, freq, vis = args
     kw = load_kwargs(kwargs_dump)
-    ducc0.wgridder.experimental.vis2dirty(
-        uvw=_as_f64(uvw), freq=_as_f64(freq), vis=np.conj(vis), dirty=out[0], **kw
-    )
+    ducc0.wgridder.experimental.vis2dirty(uvw=_as_f64(uvw), freq=_as_f64(freq), vis=np.conj(vis), dirty=out[0], **kw)
 
 
 wgridder = get_linear_call(
-    _dirty2vis, _vis2dirty, _dirty2vis_abstract, _vis2dirty_abstract, first_n_args_fixed=2,
-    name="jaxducc0.wgridder",
+    _dirty2vis, _vis2dirty, _dirty2vis_abstract, _vis2dirty_abstract, first_n_args_fixed=2, name="jaxducc0.wgridder"
 )
 wgridder.__doc__ = """wgridder(uvw, freq, dirty, *, pixsize_x, pixsize_y, npix_x, npix_y, epsilon, **kwargs)
 
@@ -139,8 +134,7 @@ KeyError
 
 
 def get_wgridder(
-    *, pixsize_x, pixsize_y, npix_x, npix_y, epsilon, do_wgridding, nthreads=1, flip_v=False,
-    verbosity=0, **kwargs,
+    *, pixsize_x, pixsize_y, npix_x, npix_y, epsilon, do_wgridding, nthreads=1, flip_v=False, verbosity=0, **kwargs
 ):
     """Radio-interferometric (w-)gridding (``ducc0.wgridder.experimental``) as a JAX function.
 
@@ -201,13 +195,17 @@ def get_wgridder(
     """
     clash = sorted(set(kwargs) & set(_WGRIDDER_RESERVED))
     if clash:
-        raise TypeError(
-            f"get_wgridder: {', '.join(map(repr, clash))} are the op's arguments, not keyword arguments."
-        )
+        raise TypeError(f"get_wgridder: {', '.join(map(repr, clash))} are the op's arguments, not keyword arguments.")
     return functools.partial(
         wgridder,
-        pixsize_x=float(pixsize_x), pixsize_y=float(pixsize_y),
-        npix_x=operator.index(npix_x), npix_y=operator.index(npix_y),
-        epsilon=float(epsilon), do_wgridding=bool(do_wgridding), nthreads=operator.index(nthreads),
-        flip_v=bool(flip_v), verbosity=operator.index(verbosity), **kwargs,
+        pixsize_x=float(pixsize_x),
+        pixsize_y=float(pixsize_y),
+        npix_x=operator.index(npix_x),
+        npix_y=operator.index(npix_y),
+        epsilon=float(epsilon),
+        do_wgridding=bool(do_wgridding),
+        nthreads=operator.index(nthreads),
+        flip_v=bool(flip_v),
+        verbosity=operator.index(verbosity),
+        **kwargs,
     )
