@@ -293,9 +293,9 @@ def test_check_op_checks_an_op_with_state():
     assert len(made) > 2  # the states were made again
 
     # a state a result depends on (here: stale, from the first input it saw) fails the check
-    def stale_setup(args, kwargs, first=None):
-        if first is None:
-            first = []
+    first = []
+
+    def stale_setup(args, kwargs):
         first.append(np.array(args[0]))
         return first[0]
 
