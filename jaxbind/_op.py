@@ -296,7 +296,7 @@ class Op(functools.partial):
         takes them as NumPy would. Op.__call__'s fast path leaves both cases here.
         """
         for i, a in enumerate(args):
-            if isinstance(a, _NUMPY_TYPES) and a.dtype.kind in _NOT_JAX_KINDS and a.dtype != _FLOAT0:
+            if isinstance(a, _NUMPY_TYPES) and a.dtype.kind in _NOT_JAX_KINDS and not _jax_takes(a.dtype):
                 raise TypeError(
                     f"jaxbind op '{self.name}': argument {i} is a NumPy {type(a).__name__} of dtype "
                     f"{a.dtype}, which JAX cannot pass (object, string, structured and datetime dtypes "
@@ -363,6 +363,12 @@ _NUMPY_TYPES = (np.ndarray, np.generic)
 # Op._call by their type numbers).
 _NOT_JAX_KINDS = frozenset("OSUVMmT")
 _FLOAT0 = jax.dtypes.float0  # (a void dtype, JAX's own)
+
+
+def _jax_takes(dtype: np.dtype) -> bool:
+    """Whether JAX has a type for a NumPy dtype of an odd kind: float0, and the void dtypes of
+    ml_dtypes (bfloat16, float8, int4: numbers to jax.numpy) are JAX's; the others are not."""
+    return dtype == _FLOAT0 or (dtype.kind == "V" and dtype.names is None and jax.numpy.issubdtype(dtype, np.number))
 # How the errors of jaxbind's handler begin (an XLA status code, then jaxbind's text).
 _RUNTIME_ERROR_PREFIXES = ("INTERNAL: jaxbind", "INVALID_ARGUMENT: jaxbind")
 _NO_KWARGS = Kwargs({}, "")

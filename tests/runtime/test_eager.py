@@ -251,6 +251,20 @@ def test_numpy_dtypes_jax_has_no_type_for_are_refused_alike_on_every_path(value)
     assert len(messages) == 1
 
 
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_numpy_arrays_of_ml_dtypes_pass_on_every_path(name):
+    # NumPy gives these dtypes of JAX's the void kind, as it gives structured ones: they are
+    # passed, as jax.jit passes them, not refused with the dtypes JAX has no type for.
+    dtype = np.dtype(getattr(jnp, name))
+    op = jaxbind.get_nonlinear_call(adding, None, like, None, name="eager_ml_dtypes")
+    x, one = np.arange(4).astype(dtype), np.ones(4, dtype)
+    want = jax.jit(jnp.add)(x, one)
+    results = [op(x, one)[0], op(x, one)[0], op(x, one, scale=1)[0], jax.jit(lambda v: op(x, v)[0])(one)]
+    for got in results:
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
 def test_float0_numpy_arrays_pass_on_every_path():
     # float0 (the tangent dtype of integers) is a NumPy void dtype that JAX takes: it is not
     # refused with the structured ones (the fast path leaves it to the slow one, which passes it).
