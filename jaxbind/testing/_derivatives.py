@@ -121,75 +121,59 @@ class DerivativeChecks:
             tolerance = g * self.eps(self.outs[j].dtype) * (rounding + jn) + (self.fd_rtol or 0.0) * jn
             return _norm(fd - _wide(jv[j])), tolerance, max(_norm(fd), jn), e
 
-        def meaningful(r):
-            return r[0] == 0 or r[1] < MEANINGFUL * r[2]
-
-        def ratio(r):
-            return r[0] / r[1] if r[1] else (0.0 if r[0] == 0 else math.inf)
-
         label = (lambda j: f"{argument}, output {j}") if len(self.inexact_outputs) > 1 else (lambda j: argument)
         worst = _Worst()
         for j in self.inexact_outputs:
-            r = measure(j, first)
-            tried = [r]
-            if meaningful(r) and r[0] > r[1]:
-                for fraction in FD_LADDER[1:]:  # truncation or a kink: smaller steps
-                    s_ = measure(j, first * fraction)
-                    if not meaningful(s_):
-                        break
-                    tried.append(s_)
-                    if s_[0] <= s_[1]:
-                        r = s_
-                        break
-            elif not meaningful(r) and r[0] <= r[1]:
-                e = first
-                while e < FD_MAX_STEP:  # rounding hides the derivative: larger steps
-                    e = min(FD_MAX_STEP, 10 * e)
-                    s_ = measure(j, e)
-                    if meaningful(s_):
-                        r = s_  # agreeing or not: the closest a meaningful check comes
-                        break
+            r, tried = _fd_search(lambda e, j=j: measure(j, e), first)
             if r[0] > r[1] and r[3] <= first:
-                miss = min(tried, key=ratio)
-                rtol = f"plus fd_rtol={self.fd_rtol:g} of the jvp" if self.fd_rtol is not None else "no fd_rtol given"
-                steps = ", ".join(f"{t[3]:.2g}" for t in tried)
-                detail = (
-                    f"the jvp disagrees with finite differences of f at every step tried ({steps} times "
-                    "each element's magnitude)"
-                )
-                if miss[0] == math.inf:
-                    detail = (
-                        f"finite differences of f are not finite at a step of {miss[3]:.2g} times each "
-                        "element's magnitude (f leaves its domain, or is not finite near the arguments)"
-                    )
-                self.fail(
-                    check,
-                    label(j),
-                    detail,
-                    _relative(miss[0], miss[2]),
-                    _relative(miss[1], miss[2]),
-                    hint=f"The tolerance is the rounding model's ({rtol}). If f is computed to an accuracy of its "
-                    "own (an iterative or adaptive solver, an interpolation table), pass fd_rtol= its "
-                    "relative accuracy: the jvp may then differ from finite differences by that much more, "
-                    "and a jvp wrong by more is still caught.",
-                )
-            if r[0] > r[1] or not meaningful(r):
-                why = (
-                    f"the rounding tolerance, {_relative(r[1], r[2]):.2g} relative at a step of {r[3]:.2g} times "
-                    "each element's magnitude, would let a 100 % error pass"
-                    if not meaningful(r)
-                    else f"at the step of {r[3]:.2g} times each element's magnitude where rounding allows a "
-                    f"meaningful check, the disagreement ({_relative(r[0], r[2]):.2g} relative) may be "
-                    "truncation"
-                )
-                self.summary.skip(
-                    f"{check} for {label(j)}: {self.outs[j].dtype} outputs of {dtype} arguments are "
-                    f"too coarse for finite differences ({why}); the vjp is still checked against "
-                    "the jvp"
-                )
+                self._fd_disagrees(check, label(j), tried)
+            if r[0] > r[1] or not _meaningful(r):
+                self._fd_too_coarse(check, label(j), j, dtype, r)
                 continue
             worst.offer(_relative(r[0], r[2]), _relative(r[1], r[2]))
         worst.report(self.summary, check, argument)
+
+    def _fd_disagrees(self, check, where, tried):
+        """Report a jvp that disagrees with finite differences at every step tried."""
+        miss = min(tried, key=_fd_ratio)
+        rtol = f"plus fd_rtol={self.fd_rtol:g} of the jvp" if self.fd_rtol is not None else "no fd_rtol given"
+        steps = ", ".join(f"{t[3]:.2g}" for t in tried)
+        detail = (
+            f"the jvp disagrees with finite differences of f at every step tried ({steps} times "
+            "each element's magnitude)"
+        )
+        if miss[0] == math.inf:
+            detail = (
+                f"finite differences of f are not finite at a step of {miss[3]:.2g} times each "
+                "element's magnitude (f leaves its domain, or is not finite near the arguments)"
+            )
+        self.fail(
+            check,
+            where,
+            detail,
+            _relative(miss[0], miss[2]),
+            _relative(miss[1], miss[2]),
+            hint=f"The tolerance is the rounding model's ({rtol}). If f is computed to an accuracy of its "
+            "own (an iterative or adaptive solver, an interpolation table), pass fd_rtol= its "
+            "relative accuracy: the jvp may then differ from finite differences by that much more, "
+            "and a jvp wrong by more is still caught.",
+        )
+
+    def _fd_too_coarse(self, check, where, j, dtype, r):
+        """Skip, with the reason, an output whose finite differences cannot decide."""
+        why = (
+            f"the rounding tolerance, {_relative(r[1], r[2]):.2g} relative at a step of {r[3]:.2g} times "
+            "each element's magnitude, would let a 100 % error pass"
+            if not _meaningful(r)
+            else f"at the step of {r[3]:.2g} times each element's magnitude where rounding allows a "
+            f"meaningful check, the disagreement ({_relative(r[0], r[2]):.2g} relative) may be "
+            "truncation"
+        )
+        self.summary.skip(
+            f"{check} for {where}: {self.outs[j].dtype} outputs of {dtype} arguments are "
+            f"too coarse for finite differences ({why}); the vjp is still checked against "
+            "the jvp"
+        )
 
     def check_vjp(self, i):
         """``<vjp(c), t> == <c, jvp(t)>``: probes that catch a wrong vjp and a wrong jvp (as the dot test)."""
@@ -228,3 +212,40 @@ class DerivativeChecks:
             )
             self.pairing(check, argument, what, lhs, rhs, tol, "<vjp(c), t> == <c, jvp(t)>", "", worst)
         worst.report(self.summary, check, argument)
+
+
+def _meaningful(r) -> bool:
+    """Whether a measurement's tolerance is fine enough to catch a 100 % error (MEANINGFUL)."""
+    return r[0] == 0 or r[1] < MEANINGFUL * r[2]
+
+
+def _fd_ratio(r) -> float:
+    return r[0] / r[1] if r[1] else (0.0 if r[0] == 0 else math.inf)
+
+
+def _fd_search(measure, first):
+    """The measurement (error, tolerance, magnitude, step) that decides an output, and the smaller steps tried.
+
+    A disagreement at the first step is tried at smaller ones (truncation, a kink); a tolerance too coarse
+    to mean anything, at larger ones up to FD_MAX_STEP (rounding hides the derivative).
+    """
+    r = measure(first)
+    tried = [r]
+    if _meaningful(r) and r[0] > r[1]:
+        for fraction in FD_LADDER[1:]:  # truncation or a kink: smaller steps
+            s_ = measure(first * fraction)
+            if not _meaningful(s_):
+                break
+            tried.append(s_)
+            if s_[0] <= s_[1]:
+                r = s_
+                break
+    elif not _meaningful(r) and r[0] <= r[1]:
+        e = first
+        while e < FD_MAX_STEP:  # rounding hides the derivative: larger steps
+            e = min(FD_MAX_STEP, 10 * e)
+            s_ = measure(e)
+            if _meaningful(s_):
+                r = s_  # agreeing or not: the closest a meaningful check comes
+                break
+    return r, tried
