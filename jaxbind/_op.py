@@ -369,6 +369,8 @@ def _jax_takes(dtype: np.dtype) -> bool:
     """Whether JAX has a type for a NumPy dtype of an odd kind: float0, and the void dtypes of
     ml_dtypes (bfloat16, float8, int4: numbers to jax.numpy) are JAX's; the others are not."""
     return dtype == _FLOAT0 or (dtype.kind == "V" and dtype.names is None and jax.numpy.issubdtype(dtype, np.number))
+
+
 # How the errors of jaxbind's handler begin (an XLA status code, then jaxbind's text).
 _RUNTIME_ERROR_PREFIXES = ("INTERNAL: jaxbind", "INVALID_ARGUMENT: jaxbind")
 _NO_KWARGS = Kwargs({}, "")
