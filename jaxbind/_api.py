@@ -436,25 +436,19 @@ def get_nonlinear_call(
     forward = Family(
         callbacks=(f,), abstracts=(abstract,), kinds=(CallbackKind.FORWARD,), labels=("forward",), linear=False
     )
+
+    def nonlinear_op(families):
+        flags = (first_n_args_fixed, func_can_batch, vmap_method, n_residuals, check_thread_safe(name, thread_safe))
+        stateful = _stateful(families, setup, setup_cache, name)
+        return Op(OpDef(OpKind.NONLINEAR, name, stateful, *flags, inplace=inplace_pairs(name, inplace)))
+
     if f_derivative is None:
         if abstract_reverse is not None:
             raise TypeError(
                 f"jaxbind op '{name}': f_derivative is None (an op without derivatives) but "
                 "abstract_reverse is given; pass None for both, or give f_derivative=(f_jvp, f_vjp)."
             )
-        return Op(
-            OpDef(
-                OpKind.NONLINEAR,
-                name,
-                _stateful((forward,), setup, setup_cache, name),
-                first_n_args_fixed,
-                func_can_batch,
-                vmap_method,
-                n_residuals,
-                check_thread_safe(name, thread_safe),
-                inplace=inplace_pairs(name, inplace),
-            )
-        )
+        return nonlinear_op((forward,))
     if not isinstance(f_derivative, (tuple, list)) or len(f_derivative) != 2:
         raise TypeError(
             f"jaxbind op '{name}': f_derivative must be a pair (f_jvp, f_vjp), or None for an op "
@@ -482,19 +476,7 @@ def get_nonlinear_call(
         labels=("vjp callback", "jvp callback"),
         linear=True,
     )
-    return Op(
-        OpDef(
-            OpKind.NONLINEAR,
-            name,
-            _stateful((forward, derivative), setup, setup_cache, name),
-            first_n_args_fixed,
-            func_can_batch,
-            vmap_method,
-            n_residuals,
-            check_thread_safe(name, thread_safe),
-            inplace=inplace_pairs(name, inplace),
-        )
-    )
+    return nonlinear_op((forward, derivative))
 
 
 def _stateful(families: tuple, setup, setup_cache, name: str) -> tuple:
