@@ -19,6 +19,7 @@ from zoo import batched_scale_levels_abstract
 
 import jaxbind
 from jaxbind import _trampoline
+from jaxbind._numba._call_struct import Call
 
 LIB = _kernels.load()
 
@@ -171,20 +172,10 @@ def test_an_absent_kwarg_reads_as_the_fallback(how):
 
 
 class CallV1(ctypes.Structure):
-    """A caller of ABI version 1: the call struct without kwarg_error."""
+    """A caller of ABI version 1: the call struct without kwarg_error (its last two fields)."""
 
-    _fields_ = [
-        ("struct_size", ctypes.c_int64),
-        ("abi_version", ctypes.c_int64),
-        ("n_out", ctypes.c_int64),
-        ("out", ctypes.c_void_p),
-        ("n_in", ctypes.c_int64),
-        ("in_", ctypes.c_void_p),
-        ("n_kwargs", ctypes.c_int64),
-        ("kwargs", ctypes.c_void_p),
-        ("error", ctypes.c_void_p),
-        ("error_size", ctypes.c_int64),
-    ]
+    _fields_ = Call._fields_[:-2]
+    assert [name for name, _ in Call._fields_[-2:]] == ["kwarg_error", "kwarg_error_size"]
 
 
 class Kwarg(ctypes.Structure):
