@@ -88,7 +88,7 @@ const AnySite* LookupSite(int64_t key) {
 // description) -> None, having registered the site, or raises why it cannot.
 PyObject* g_resolver = nullptr;
 // (key, the description a program carries) -> None if the program may name
-// that key with it, or raises why not (jaxbind/_sites.py's check_program).
+// that key with it, or raises why not (jaxbind/_programs.py's check_program).
 PyObject* g_program_checker = nullptr;
 
 void SetResolver(nb::handle resolve, nb::handle check) {

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _programs  # noqa: F401  (sets the core's program check and resolver before a program runs)
 from ._batch_types import Batch, as_batch
 from ._definition import JaxbindError, Role
 from ._jax_compat import (

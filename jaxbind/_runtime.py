@@ -95,7 +95,7 @@ config = Config()
 TARGET = "jaxbind_dispatch"
 ASYNC_TARGET = "jaxbind_dispatch_async"  # concurrent native kernels, on XLA's thread pool
 # Each target's instantiate stage runs once per compiled program, before its calls: it checks
-# that every call's site key and description belong together (_sites.check_program).
+# that every call's site key and description belong together (_programs.check_program).
 jax.ffi.register_ffi_target(
     TARGET, {"instantiate": _trampoline.instantiate_handler(), "execute": _trampoline.handler()}, platform="cpu"
 )

@@ -1,0 +1,195 @@
+"""Programs made elsewhere: what a compiled program's call of a site is allowed to run.
+
+The compiled core asks this module twice about a program it did not make with a
+live site of this process: once per compiled program, whether its call may run
+at all (:func:`check_program`: a live site answers only its own description, and
+a key must be its description's digest), and on the first call of a key with no
+live site, to make that site from the description (:func:`resolve`), if and only
+if this process defines the op it names, with the structure it names. A
+program is untrusted input: it runs only what its description says, its kwargs
+are read as plain data unless this process wrote them, and every refusal names
+the op and says what to do.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+
+import jax
+
+from . import _sites, _trampoline
+from ._batch_types import batch_from_description
+from ._definition import JaxbindError, OpDef, Role
+from ._kwargs import Kwargs
+from ._sites import RESOLVED_KEPT, SCHEMA, SiteHandle
+
+__all__ = ["check_program", "resolve"]
+
+
+def check_program(key: int, text: str) -> None:
+    """Accept a compiled program's call (its site key and description), or raise why not.
+
+    Called by the compiled core once per compiled program (XLA's instantiate
+    stage: a program compiled here, loaded from the persistent cache or
+    deserialized), when the key's live site, if any, has another description
+    than the program's. A program runs only what its description says: a live
+    site is reused only for its own description, and a key without one must be
+    the description's own digest, so that no site registered later under that
+    key can answer a program that describes something else.
+    """
+    description = _read(text)
+    name = _shown(description["op"])
+    with _sites._lock:
+        handle = _sites._live.get(key)
+    if handle is not None and handle.description != text:
+        raise JaxbindError(
+            f"jaxbind op '{name}': the program names call site {key:#x}, which in this process "
+            f"belongs to {_owner_of(handle)} with another description: the program was altered "
+            "(a site key copied into a call that describes something else) and is refused. "
+            "Export the program again (jaxbind.export) from where it was made."
+        )
+    if _sites.key_of(text) != key:
+        raise JaxbindError(
+            f"jaxbind op '{name}': the program's call-site key does not match its description: the program was altered."
+        )
+
+
+def _owner_of(handle: SiteHandle) -> str:
+    try:
+        return f"op '{_shown(json.loads(handle.description)['op'])}'"
+    except (ValueError, KeyError, TypeError):
+        return "another op"
+
+
+def _shown(name) -> str:
+    """An op name from a program, as messages show it (a forged one may be anything, of any length)."""
+    text = name if isinstance(name, str) else repr(name)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def resolve(key: int, text: str) -> None:
+    """Make this process's site for a key a program names, or raise why it cannot.
+
+    Called by the compiled core (under the GIL, from the thread running the
+    program) when it has no live site for ``key``.
+    """
+    description = _read(text)
+    name = description["op"]
+    label = f"op '{_shown(name)}'"
+    if _sites.key_of(text) != key:
+        raise JaxbindError(
+            f"jaxbind {label}: the program's call-site key does not match its description: the program was altered."
+        )
+    definition = _find_definition(name, description)
+    structure = _sites._structure(definition)
+    if description.get("def") != structure:
+        theirs = description.get("def")
+        theirs = theirs if isinstance(theirs, dict) else {}
+        differs = ", ".join(
+            f"{field} ({theirs.get(field)!r:.80} there, {structure[field]!r} here)"
+            for field in structure
+            if theirs.get(field) != structure[field]
+        )
+        raise JaxbindError(
+            f"jaxbind {label}: the program was made with a different op of this name: {differs}. "
+            "Define the op here as it was defined where the program was made."
+        )
+    role, batch, padded, avals_in, avals_out = _call_of(description, definition, label)
+    try:
+        dump = base64.b64decode(description["kwargs"], validate=True)
+    except ValueError:
+        raise JaxbindError(f"jaxbind {label}: the program's kwargs are not base64: was it altered?") from None
+    with _sites._lock:
+        made = _sites._made_here.get(key)
+    # The bytes are this process's own when the description is the one it registered this key
+    # for (compared by a digest keyed with this process's secret); else plain data only.
+    ours = made is not None and hmac.compare_digest(made, _sites._secret_digest(text))
+    kwargs = Kwargs.from_program(dump, _shown(name), ours)
+    with _sites._lock:
+        handle = _sites._live.get(key)
+        if handle is None:
+            try:
+                handle = _sites._register(role, kwargs, batch, avals_in, avals_out, padded, key, text)
+            except (TypeError, ValueError) as err:  # a layout the compiled core refuses
+                raise JaxbindError(
+                    f"jaxbind {label}: the program's description of the call is not valid ({err}); "
+                    "was the program altered?"
+                ) from None
+        definition.keep_resolved(key, handle, RESOLVED_KEPT)
+
+
+def _call_of(description: dict, definition: OpDef, label: str):
+    """The role, batch, padding and avals a description gives, checked against the op."""
+    try:
+        family, slot, n_fixed, in_sizes = description["role"]
+        if not all(isinstance(v, int) for v in (family, slot, n_fixed, *in_sizes)):
+            raise TypeError("the role's numbers are not integers")
+        if not (0 <= family < len(definition.families) and 0 <= slot < len(definition.families[family].callbacks)):
+            raise ValueError("no such callback")
+        role = Role(definition, family, slot, n_fixed, tuple(in_sizes))
+        batch = batch_from_description(description["batch"])
+        padded = description["padded"]
+        if not isinstance(padded, bool):
+            raise TypeError("'padded' is not true or false")
+        if padded and batch is None:
+            raise ValueError("a padded call has no batch")
+        avals_in = tuple(jax.core.ShapedArray(tuple(s), _sites._dtype_of(t)) for s, t in description["in"])
+        avals_out = tuple(jax.core.ShapedArray(tuple(s), _sites._dtype_of(t)) for s, t in description["out"])
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+        raise JaxbindError(
+            f"jaxbind {label}: the program's description of the call is not valid ({err}); was the program altered?"
+        ) from None
+    return role, batch, padded, avals_in, avals_out
+
+
+def _read(text: str) -> dict:
+    try:
+        description = json.loads(text)
+        if not isinstance(description, dict):
+            raise ValueError("not an object")
+    except (ValueError, RecursionError):
+        raise JaxbindError(
+            "jaxbind: the program names a jaxbind call site whose description is not readable: "
+            "the program was altered or made by an unknown tool."
+        ) from None
+    name = description.get("op")
+    if not isinstance(name, str) or not isinstance(description.get("kwargs"), str):
+        raise JaxbindError("jaxbind: the program's description of a call names no op: was it altered?")
+    schema = description.get("schema")
+    if schema != SCHEMA:
+        raise JaxbindError(
+            f"jaxbind op '{_shown(name)}': the program was made by a jaxbind whose call-site schema is "
+            f"{schema!r:.40}; this jaxbind reads schema {SCHEMA}. Run it with the jaxbind version that "
+            "made it, or make (export) the program again with this one."
+        )
+    return description
+
+
+def _find_definition(name: str, description: dict) -> OpDef:
+    live = _sites._definitions_named(name)
+    index = description.get("index")
+    if index is not None:  # made by a lowering in a process like this one
+        matches = [d for d, i in live if i == index]
+    else:
+        matches = [d for d, _ in live]
+    if len(matches) == 1:
+        return matches[0]
+    shown = _shown(name)
+    if not matches:
+        raise JaxbindError(
+            f"jaxbind op '{shown}': the program calls op '{shown}', which this process does not "
+            f"define (now): define it (jaxbind.get_linear_call / get_nonlinear_call with "
+            f"name='{shown}', as where the program was made) before calling the program. (An op "
+            "made inside a function given to a temporary jax.jit can be gone before XLA runs the "
+            "program it queued: make ops once, outside the functions you jit.)"
+        )
+    raise JaxbindError(
+        f"jaxbind op '{shown}': the program calls op '{shown}', and this process defines "
+        f"{len(matches)} different ops of that name, so it cannot tell which: give them distinct "
+        "name=... values."
+    )
+
+
+_trampoline.set_resolver(resolve, check_program)
