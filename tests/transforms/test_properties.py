@@ -46,16 +46,18 @@ def combine(out, args, kwargs_dump):
     kwargs = jaxbind.load_kwargs(kwargs_dump)
     RECEIVED.append(kwargs["extra"])
     total = np.zeros(out[0].shape, out[0].dtype)
-    for c, x in zip(kwargs["coefficients"], args):
-        total = total + (np.asarray(c).astype(x.dtype) * x)
+    with np.errstate(over="ignore"):  # integers wrap around, as in jax.numpy (NumPy warns for scalars)
+        for c, x in zip(kwargs["coefficients"], args):
+            total = total + (np.asarray(c).astype(x.dtype) * x)
     out[0][...] = total
 
 
 def combine_T(out, args, kwargs_dump):
     coefficients = jaxbind.load_kwargs(kwargs_dump)["coefficients"]
     (ct,) = args
-    for c, o in zip(coefficients, out):
-        o[...] = np.asarray(c).astype(ct.dtype) * ct
+    with np.errstate(over="ignore"):  # integers wrap around, as in jax.numpy
+        for c, o in zip(coefficients, out):
+            o[...] = np.asarray(c).astype(ct.dtype) * ct
 
 
 def combine_abstract(*args, coefficients, extra):
