@@ -364,6 +364,7 @@ def test_bad_setups_are_refused_naming_setup():
 EXPORT_SCRIPT = textwrap.dedent("""
     import sys
     import jax, jax.numpy as jnp, numpy as np
+    import jax.export  # (jax < 0.6 does not import it with jax)
     import jaxbind
     jax.config.update("jax_enable_x64", True)
     made = []
