@@ -9,11 +9,6 @@ this project's ``__init__`` is the one in the folder; the other's metadata still
 """
 
 import importlib.metadata
-import json
-import os
-import shlex
-import urllib.parse
-import urllib.request
 import warnings
 
 DISTRIBUTION = "jaxbind-ffi"
@@ -63,6 +58,12 @@ def install_source(direct_url: str | None) -> str:
         index. The name is not published on PyPI yet, so a command naming it would fail for anyone who
         installed from a built wheel or a checkout; the file or folder does not.
     """
+    # Imported here: only a warning needs them, and every `import jaxbind` runs this module.
+    import json
+    import os
+    import shlex
+    import urllib.parse
+
     try:
         record = json.loads(direct_url) if direct_url else None
         url = record["url"] if isinstance(record, dict) else None
@@ -72,7 +73,7 @@ def install_source(direct_url: str | None) -> str:
         return DISTRIBUTION
     if urllib.parse.urlsplit(url).scheme != "file":
         return shlex.quote(url)
-    path = urllib.request.url2pathname(urllib.parse.urlsplit(url).path)
+    path = urllib.parse.unquote(urllib.parse.urlsplit(url).path)
     if not os.path.exists(path):
         return (
             f"<the wheel built by tools/build_release.sh, or the source checkout> (it was installed from "
