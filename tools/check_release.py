@@ -54,7 +54,6 @@ def _tag_problems(wheel: pathlib.Path) -> list[str]:
 def check(folder: pathlib.Path) -> list[str]:
     """Every problem found with the artifacts in folder (empty if none)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    license_text = (ROOT / "LICENSE").read_bytes()
     wheels, sdists = sorted(folder.glob("*.whl")), sorted(folder.glob("*.tar.gz"))
     if len(wheels) != 1 or len(sdists) != 1:
         return [f"{folder}: expected one wheel and one sdist, found {[p.name for p in wheels + sdists]}"]
@@ -62,15 +61,27 @@ def check(folder: pathlib.Path) -> list[str]:
     problems = _tag_problems(wheel)
     with zipfile.ZipFile(wheel) as z:
         info = next(n.split("/")[0] for n in z.namelist() if n.split("/")[0].endswith(".dist-info"))
-        if z.read(f"{info}/licenses/LICENSE") != license_text:
-            problems.append(f"{wheel.name}: {info}/licenses/LICENSE is not the repository's LICENSE")
-        problems += _metadata_problems(wheel.name, z.read(f"{info}/METADATA").decode(), project)
+        wanted = (f"{info}/licenses/LICENSE", f"{info}/METADATA")
+        files = {name: z.read(name) for name in wanted if name in z.namelist()}
+        problems += _archive_problems(wheel.name, files, f"{info}/licenses/LICENSE", f"{info}/METADATA", project)
     with tarfile.open(sdist) as t:
         top = sdist.name.removesuffix(".tar.gz")
-        if t.extractfile(f"{top}/LICENSE").read() != license_text:
-            problems.append(f"{sdist.name}: LICENSE is not the repository's")
-        problems += _metadata_problems(sdist.name, t.extractfile(f"{top}/PKG-INFO").read().decode(), project)
+        names = set(t.getnames())
+        files = {name: t.extractfile(name).read() for name in (f"{top}/LICENSE", f"{top}/PKG-INFO") if name in names}
+        problems += _archive_problems(sdist.name, files, f"{top}/LICENSE", f"{top}/PKG-INFO", project)
     return problems
+
+
+def _archive_problems(archive: str, files: dict, license_name: str, metadata_name: str, project: dict) -> list[str]:
+    """What is wrong with one archive's license file and metadata (files: name -> bytes, those present)."""
+    problems = []
+    if license_name not in files:
+        problems.append(f"{archive}: no {license_name}")
+    elif files[license_name] != (ROOT / "LICENSE").read_bytes():
+        problems.append(f"{archive}: {license_name} is not the repository's LICENSE")
+    if metadata_name not in files:
+        return [*problems, f"{archive}: no {metadata_name}"]
+    return problems + _metadata_problems(archive, files[metadata_name].decode(), project)
 
 
 if __name__ == "__main__":
