@@ -54,9 +54,10 @@ def install_source(direct_url: str | None) -> str:
     -------
     str
         The arguments for ``pip install``: the wheel file or source folder it came from (``-e`` before a
-        folder installed in editable mode), its URL, or the distribution's name where it came from an
-        index. The name is not published on PyPI yet, so a command naming it would fail for anyone who
-        installed from a built wheel or a checkout; the file or folder does not.
+        folder installed in editable mode), its URL (a repository's at the commit installed), or the
+        distribution's name where it came from an index. The name is not published on PyPI yet, so a
+        command naming it would fail for anyone who installed from a built wheel or a checkout; the file
+        or folder does not.
     """
     # Imported here: only a warning needs them, and every `import jaxbind` runs this module.
     import json
@@ -71,6 +72,9 @@ def install_source(direct_url: str | None) -> str:
         url = None
     if not isinstance(url, str) or not url:
         return DISTRIBUTION
+    vcs = record.get("vcs_info")
+    if isinstance(vcs, dict) and vcs.get("vcs") and vcs.get("commit_id"):  # pip's form: git+URL@commit
+        return shlex.quote(f"{vcs['vcs']}+{url}@{vcs['commit_id']}")
     if urllib.parse.urlsplit(url).scheme != "file":
         return shlex.quote(url)
     path = urllib.parse.unquote(urllib.parse.urlsplit(url).path)

@@ -56,9 +56,11 @@ def test_repair_command_for_a_source_checkout(tmp_path, editable):
     assert shlex.split(source) == (["-e"] if editable else []) + [str(tmp_path)]
 
 
-def test_repair_command_for_a_url_and_for_an_index():
+def test_repair_command_for_a_url_a_repository_and_an_index():
     url = "https://example.invalid/jaxbind_ffi-0.2.0-cp311-cp311-manylinux_2_27_x86_64.whl"
     assert _install_check.install_source(_direct_url(url, archive_info={})) == url
+    repository = _direct_url("https://example.invalid/jaxbind.git", vcs_info={"vcs": "git", "commit_id": "abc123"})
+    assert _install_check.install_source(repository) == "git+https://example.invalid/jaxbind.git@abc123"
     # No record (pip writes none for an index install), or one pip could not have written.
     for direct_url in (None, "", "not json", "[]", json.dumps({"dir_info": {}})):
         assert _install_check.install_source(direct_url) == "jaxbind-ffi"
