@@ -7,8 +7,8 @@
 # The compiler is zig's clang (the `ziglang` package), targeting glibc 2.27, the oldest glibc jaxlib's
 # wheels (manylinux_2_27) run on: zig links against stubs of that glibc's symbols, so the extension
 # needs no symbol newer than the target whatever glibc the build machine has, and links LLVM's libc++
-# and libunwind statically, so it needs no C++ runtime from the system either (its exceptions and RTTI
-# stay inside the extension). A wheel built with the machine's GCC needs its glibc and libstdc++
+# statically, so it needs no C++ runtime from the system either (its exceptions and RTTI stay inside
+# the extension); it unwinds with the system's libgcc_s (below). A wheel built with the machine's GCC needs its glibc and libstdc++
 # (manylinux_2_35 on Debian 12). docs/architecture.md, issue 37, has the measurements.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,9 +35,26 @@ if [ -n "$multiarch" ] && [ -d "/usr/include/$multiarch/$(basename "$include")" 
   ln -s "/usr/include/$multiarch/$(basename "$include")" "$tools/include/$multiarch/"
   extra=(-idirafter "$tools/include")
 fi
+# One unwinder in the process: a shared object is linked against the system's libgcc_s (in every
+# manylinux policy), so LLVM's C++ runtime in the extension unwinds with it and zig's static libunwind
+# is never pulled in. With two, a thread CPython ends with pthread_exit at exit (glibc unwinds it with
+# libgcc_s) ran the extension's personality routine, which read libgcc_s's state with libunwind's
+# functions: a segfault (the exit tests of tests/runtime/test_lifetime.py, every run).
+libgcc_s=
+for dir in "/lib/$arch-linux-gnu" "/usr/lib/$arch-linux-gnu" /lib64 /usr/lib64 /lib /usr/lib; do
+  if [ -e "$dir/libgcc_s.so.1" ]; then libgcc_s=$dir/libgcc_s.so.1; break; fi
+done
+if [ -z "$libgcc_s" ]; then
+  echo "build_release.sh: the system's libgcc_s.so.1 was not found (the extension unwinds with it)" >&2
+  exit 1
+fi
 for tool in cc c++; do
-  printf '#!/bin/sh\nexec "%s" -m ziglang %s -target %s-linux-gnu.%s %s "$@"\n' \
-    "$(command -v python)" "$tool" "$arch" "$glibc" "${extra[*]}" >"$tools/$tool"
+  {
+    printf '#!/bin/sh\n'
+    printf 'case " $* " in *" -shared "*) set -- "$@" "%s" ;; esac\n' "$libgcc_s"
+    printf 'exec "%s" -m ziglang %s -target %s-linux-gnu.%s %s "$@"\n' \
+      "$(command -v python)" "$tool" "$arch" "$glibc" "${extra[*]}"
+  } >"$tools/$tool"
 done
 for tool in ar ranlib; do
   printf '#!/bin/sh\nexec "%s" -m ziglang %s "$@"\n' "$(command -v python)" "$tool" >"$tools/$tool"
