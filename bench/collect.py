@@ -58,7 +58,7 @@ def run_one(name, python, script, extra, workdir):
     """Run ``script`` with ``--json`` into ``workdir``; its results wrapped with the run's facts."""
     target = os.path.join(workdir, f"{name}.json")
     command = [python, os.path.join(HERE, script), "--json", target, *extra]
-    started = datetime.datetime.now(datetime.timezone.utc)
+    started = datetime.datetime.now(datetime.UTC)
     load_before = os.getloadavg()
     clock = time.perf_counter()
     print(f"[{started:%H:%M:%S}] {name}: {' '.join(command[1:])} (load {load_before[0]:.2f})", flush=True)

@@ -41,18 +41,12 @@ import numpy as np
 from ._native import NativeKernel
 
 
-class _TextEnum(str, enum.Enum):
+class _TextEnum(enum.StrEnum):
     """An enum whose members are their values as text.
 
-    Compared with and formatted as that text: ``definition.kind == "linear"``
+    Compared with and formatted as that text (``enum.StrEnum``): ``definition.kind == "linear"``
     and ``f"{kind}"`` keep working for code written against strings.
     """
-
-    def __str__(self):
-        return self.value
-
-    def __format__(self, spec):
-        return format(self.value, spec)
 
     def __repr__(self):  # shown where the string was, e.g. in check_op's OpCheck(kind=...)
         return repr(self.value)

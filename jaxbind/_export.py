@@ -83,6 +83,5 @@ def _jax_export():
     except ImportError as err:
         raise ImportError(
             f"jaxbind.export: jax {jax.__version__}'s jax.export cannot be imported ({err}); "
-            "on jax < 0.6 it needs absl-py: pip install absl-py "
-            "(or pip install 'jaxbind-ffi[export]')"
+            "on jax < 0.6 it needs absl-py: pip install absl-py"
         ) from err

@@ -41,6 +41,61 @@ def _field(other, name: str) -> str:
     return str(value) if value is not None else ""
 
 
+def install_source(direct_url: str | None) -> str:
+    """What `pip install` needs to install this project again the way it was installed.
+
+    Parameters
+    ----------
+    direct_url : str or None
+        The text of this distribution's ``direct_url.json`` (PEP 610), which pip writes when it installs
+        from a file, a folder or a URL rather than from an index; None where there is none.
+
+    Returns
+    -------
+    str
+        The arguments for ``pip install``: the wheel file or source folder it came from (``-e`` before a
+        folder installed in editable mode), its URL (a repository's at the commit installed), or the
+        distribution's name where it came from an index. The name is not published on PyPI yet, so a
+        command naming it would fail for anyone who installed from a built wheel or a checkout; the file
+        or folder does not.
+    """
+    # Imported here: only a warning needs them, and every `import jaxbind` runs this module.
+    import json
+    import os
+    import shlex
+    import urllib.parse
+
+    try:
+        record = json.loads(direct_url) if direct_url else None
+        url = record["url"] if isinstance(record, dict) else None
+    except (ValueError, KeyError, TypeError):
+        url = None
+    if not isinstance(url, str) or not url:
+        return DISTRIBUTION
+    vcs = record.get("vcs_info")
+    if isinstance(vcs, dict) and vcs.get("vcs") and vcs.get("commit_id"):  # pip's form: git+URL@commit
+        return shlex.quote(f"{vcs['vcs']}+{url}@{vcs['commit_id']}")
+    if urllib.parse.urlsplit(url).scheme != "file":
+        return shlex.quote(url)
+    path = urllib.parse.unquote(urllib.parse.urlsplit(url).path)
+    if not os.path.exists(path):
+        return (
+            f"<the wheel built by tools/build_release.sh, or the source checkout> (it was installed from "
+            f"{path}, which is gone)"
+        )
+    editable = isinstance(record.get("dir_info"), dict) and record["dir_info"].get("editable") is True
+    return ("-e " if editable else "") + shlex.quote(path)
+
+
+def _own_install_source() -> str:
+    """install_source for this distribution as it is installed now."""
+    try:
+        direct_url = importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
+    except Exception:
+        direct_url = None
+    return install_source(direct_url)
+
+
 def shared_folder_message():
     """The warning's text if another distribution shares the package folder, else None."""
     other = _other()
@@ -55,7 +110,7 @@ def shared_folder_message():
         f"jaxbind: this environment has two distributions that install the package `jaxbind`: "
         f"`{DISTRIBUTION}` (running now) and {who}. They share one folder: the files installed last "
         f"replaced the other's, and `pip uninstall` of either deletes files the other needs. To keep "
-        f"{DISTRIBUTION}: pip uninstall -y {OTHER} {DISTRIBUTION} && pip install {DISTRIBUTION}"
+        f"{DISTRIBUTION}: pip uninstall -y {OTHER} {DISTRIBUTION} && pip install {_own_install_source()}"
     )
 
 

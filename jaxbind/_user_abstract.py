@@ -123,10 +123,7 @@ def _raise_abstract_failure(role: Role, err: Exception):
             pass
         else:
             raise failure from err
-    if hasattr(err, "add_note"):
-        err.add_note(message)
-    else:  # Python 3.10: shown by nothing, but there to read
-        err.__notes__ = [*getattr(err, "__notes__", []), message]
+    err.add_note(message)
     raise err
 
 

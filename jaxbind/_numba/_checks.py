@@ -22,7 +22,7 @@ __all__ = [
     "object_mode_refusal",
 ]
 
-INSTALL_HINT = "pip install 'jaxbind-ffi[numba]'"
+INSTALL_HINT = "pip install numba"
 
 # kwarg type code -> the type of the kernel's kwargs field (for messages)
 KWARG_KINDS = {

@@ -73,7 +73,7 @@ def numba_kernel(fn=None, *, name: str | None = None, concurrent: bool = False, 
     Raises
     ------
     ImportError
-        If numba is not installed (``pip install 'jaxbind-ffi[numba]'``).
+        If numba is not installed (``pip install numba``).
     TypeError
         If ``name`` is not a non-empty string, ``kwargs`` declares a kind a
         numba kernel cannot take (a string), or ``fn`` is not callable, is a

@@ -6,7 +6,7 @@ beyond jaxbind:
 
 - :mod:`jaxbind.contrib.jaxducc0`: ducc0's FFT, Hartley transform, HEALPix
   spherical harmonic synthesis and radio-interferometric (w-)gridder as linear
-  ops (``pip install 'jaxbind-ffi[ducc0]'``).
+  ops (``pip install ducc0``).
 """
 
 # Empty on purpose: a star import must not pull in a submodule and its dependency.

@@ -341,7 +341,7 @@ def check_op_object(op, where):
 @pytest.mark.parametrize("module_name, name", PUBLIC, ids=lambda v: str(v))
 def test_public_name_is_documented(module_name, name):
     if name is None:
-        pytest.skip("jaxbind.contrib.jaxducc0 needs ducc0 (pip install 'jaxbind-ffi[test]')")
+        pytest.skip("jaxbind.contrib.jaxducc0 needs ducc0 (pip install ducc0)")
     module = importlib.import_module(module_name)
     obj = getattr(module, name)
     where = f"{module_name}.{name}"

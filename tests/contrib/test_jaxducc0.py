@@ -417,5 +417,5 @@ def test_import_error_without_ducc0(tmp_path):
     assert res.returncode == 0, res.stderr
     out = res.stdout.strip()
     assert out.startswith("ImportError:"), out
-    assert "pip install 'jaxbind-ffi[ducc0]'" in out and "pip install ducc0" in out
+    assert "pip install ducc0" in out
     assert out.endswith("name: ducc0")

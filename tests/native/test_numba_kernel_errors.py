@@ -167,7 +167,7 @@ def test_without_numba_the_error_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "numba", None)  # import numba now fails
     _checks.numba_or_raise.cache_clear()
     try:
-        with pytest.raises(ImportError, match=r"pip install 'jaxbind-ffi\[numba\]'"):
+        with pytest.raises(ImportError, match=r"needs numba.*pip install numba$"):
             jaxbind.numba_kernel(lambda out, args, kwargs: None)
     finally:
         monkeypatch.undo()

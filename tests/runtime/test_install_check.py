@@ -7,8 +7,16 @@ import sys
 import _subprocesses
 import pytest
 
+from jaxbind import _install_check
+
 JAXBIND_SUMMARY = "Bind any function written in another language to JAX with support for JVP/VJP/batching"
 OWN_OLD_SUMMARY = "Bind functions JAX cannot see (NumPy, SciPy, C, C++, Fortran) as JAX ops"
+
+
+def _repair_command():
+    """The repair the warning must print: reinstall from what this environment was installed from
+    (tests/api/test_install_hints.py checks that against pip's record), not the unpublished name."""
+    return f"pip uninstall -y jaxbind jaxbind-ffi && pip install {_install_check._own_install_source()}"
 
 
 def _import_warnings(tmp_path, metadata):
@@ -53,7 +61,7 @@ def test_warns_when_another_distribution_shares_the_folder(tmp_path, metadata, w
     (warning,) = _import_warnings(tmp_path, metadata)
     assert who in warning
     assert "`jaxbind-ffi` (running now)" in warning
-    assert "pip uninstall -y jaxbind jaxbind-ffi && pip install jaxbind-ffi" in warning
+    assert _repair_command() in warning
     assert warning.endswith("<string>")  # reported at the user's import line, not inside jaxbind
 
 
@@ -94,4 +102,4 @@ def test_warns_and_imports_when_the_other_distributions_metadata_lacks_fields(tm
     (warning,) = lines[1:]
     assert warning.startswith("WARNING jaxbind: this environment has two distributions")
     assert "JAXbind of an unknown version (the distribution `jaxbind`)" in warning
-    assert "pip uninstall -y jaxbind jaxbind-ffi && pip install jaxbind-ffi" in warning
+    assert _repair_command() in warning

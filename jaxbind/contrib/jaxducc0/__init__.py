@@ -25,16 +25,14 @@ with their keyword arguments. :func:`alm2realalm` and :func:`realalm2alm`
 convert :math:`a_{lm}` between ducc0's complex layout and the ops' real one.
 
 Like every jaxbind op, each returns the list of its outputs: ``y, = c2c(x)``.
-Needs ``ducc0`` (``pip install 'jaxbind-ffi[ducc0]'``).
+Needs ``ducc0`` (``pip install ducc0``).
 """
 
 try:
     import ducc0  # noqa: F401  (imported to say early, in words, that ducc0 is missing)
 except ImportError as _err:
     raise ImportError(
-        "jaxbind.contrib.jaxducc0 needs the ducc0 package, which is not installed: "
-        "pip install 'jaxbind-ffi[ducc0]' (or pip install ducc0).",
-        name="ducc0",
+        "jaxbind.contrib.jaxducc0 needs the ducc0 package, which is not installed: pip install ducc0", name="ducc0"
     ) from _err
 
 import numpy as _np
