@@ -7,7 +7,7 @@
 # The caller sets `lane` (the name its log lines carry) and calls chroot_make first.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-root=${JAXBIND_CI_CHROOT:-/var/tmp/jaxbind-ci-py313}  # outside the repository: no tool walks into it
+root=${JAXBIND_CI_CHROOT:-/var/tmp/jaxbind-ci-chroot}  # outside the repository: no tool walks into it
 wheels=$root/wheelhouse
 
 step() { echo "== $lane lane, ${SECONDS} s: $*"; }
