@@ -170,17 +170,17 @@ class Op(functools.partial):
         # The op's eager calls go with it (they hold its definition, and so its
         # callbacks and what they capture).
         # An entry equal ops share stays until the last of them is gone.
-        gone = _EAGER_GONE
-        if gone is None:  # the module is torn down at exit
+        gone, lock = _EAGER_GONE, _EAGER_LOCK
+        if gone is None or lock is None:  # the module is torn down at exit
             return
         gone.append((id(self), self._eager_keys))
         # Not waiting for the lock: this may run inside a section that holds it (a collection, or
         # an entry that section dropped); the next section settles it then.
-        if _EAGER_LOCK.acquire(blocking=False):
+        if lock.acquire(blocking=False):
             try:
                 left = _settle_gone()
             finally:
-                _EAGER_LOCK.release()
+                lock.release()
             del left  # (dropped with the lock released: dropping an entry may run any code)
 
     @property
