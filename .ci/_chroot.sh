@@ -60,9 +60,16 @@ wheelhouse_download() {
   local platforms=()
   for minor in $(seq 17 41); do platforms+=(--platform "manylinux_2_${minor}_x86_64"); done
   platforms+=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64)
-  # shellcheck disable=SC2086  # (PIP is a command and its arguments)
-  $pip download --quiet --dest "$wheels" --only-binary=:all: --python-version "$version" \
-    --implementation cp "${abis[@]}" "${platforms[@]}" "$@"
+  # Three tries: PyPI's index answers with nothing now and then ("from versions: none").
+  for try in 1 2 3; do
+    # shellcheck disable=SC2086  # (PIP is a command and its arguments)
+    if $pip download --quiet --dest "$wheels" --only-binary=:all: --python-version "$version" \
+      --implementation cp "${abis[@]}" "${platforms[@]}" "$@"; then
+      return 0
+    fi
+    [ "$try" = 3 ] || { echo "the download failed: again in 30 s" >&2; sleep 30; }
+  done
+  return 1
 }
 
 # pyproject.toml's test extra (one requirement a line), and its build requirements for Python VERSION
