@@ -76,7 +76,9 @@ python3 -m venv "$hostpip"
 mapfile -t test_reqs < <(test_requirements | grep -Ev "$without_free_threaded_wheels")
 wheelhouse_download "$hostpip/bin/python -m pip" "$minor" "$abi" none -- jax jaxlib numpy "${test_reqs[@]}"
 mapfile -t build_reqs < <(build_requirements "$minor")
-wheelhouse_download "$hostpip/bin/python -m pip" "$minor" "$abi" none -- pip "${build_reqs[@]}"
+# (no pip: the venv's, from the build's ensurepip, is new enough; its page on PyPI's index came back
+# empty to this download now and then)
+wheelhouse_download "$hostpip/bin/python -m pip" "$minor" "$abi" none -- "${build_reqs[@]}"
 ls "$wheels" | grep -E '^(jax|jaxlib|numpy|scipy)-'
 
 step "install"
@@ -84,7 +86,6 @@ printf '%s\n' "${test_reqs[@]}" >"$root/src/.ci-test-requirements.txt"
 chroot_run "
   /opt/python-ft/bin/python$minor -m venv .venv
   . .venv/bin/activate
-  python -m pip install --quiet --upgrade pip
   # The README's install command without the test extra (it names numba and ducc0), then the extra's
   # other requirements.
   pip install --quiet .
