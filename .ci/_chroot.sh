@@ -57,10 +57,11 @@ wheelhouse_download() {
   local abis=()
   while [ "$1" != -- ]; do abis+=(--abi "$1"); shift; done
   shift
-  local platforms=()
-  for minor in $(seq 17 41); do platforms+=(--platform "manylinux_2_${minor}_x86_64"); done
+  local platforms=() glibc
+  for glibc in $(seq 17 41); do platforms+=(--platform "manylinux_2_${glibc}_x86_64"); done
   platforms+=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64)
   # Three tries: PyPI's index answers with nothing now and then ("from versions: none").
+  local try
   for try in 1 2 3; do
     # shellcheck disable=SC2086  # (PIP is a command and its arguments)
     if $pip download --quiet --dest "$wheels" --only-binary=:all: --python-version "$version" \
