@@ -76,8 +76,7 @@ python3 -m venv "$hostpip"
 mapfile -t test_reqs < <(test_requirements | grep -Ev "$without_free_threaded_wheels")
 wheelhouse_download "$hostpip/bin/python -m pip" "$minor" "$abi" none -- jax jaxlib numpy "${test_reqs[@]}"
 mapfile -t build_reqs < <(build_requirements "$minor")
-# (no pip: the venv's, from the build's ensurepip, is new enough; its page on PyPI's index came back
-# empty to this download now and then)
+# (no pip: the venv's, from CPython's ensurepip, is new enough)
 wheelhouse_download "$hostpip/bin/python -m pip" "$minor" "$abi" none -- "${build_reqs[@]}"
 ls "$wheels" | grep -E '^(jax|jaxlib|numpy|scipy)-'
 
