@@ -90,4 +90,13 @@ int64_t Shutdown(double timeout) {
   return running;
 }
 
+// Takes a reference that is never given back: `obj` lives until the process
+// ends. For the exit hook, when a callback outlived its wait: since CPython
+// 3.13.8 (gh-87135) a thread that tries to take the interpreter back once it
+// finalizes is parked for ever, and a parked XLA worker must never meet the
+// teardown of the client that owns its pool, which joins it (on the
+// free-threaded build the final collection destroys jaxlib's CPU client: the
+// process hung at exit).
+void KeepForever(nb::handle obj) { obj.inc_ref(); }
+
 }  // namespace

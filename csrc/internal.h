@@ -231,6 +231,7 @@ class GilHold {
 };
 
 int64_t Shutdown(double timeout);
+void KeepForever(nb::handle obj);
 
 // ---- Errors (errors.cc) -----------------------------------------------------
 

@@ -116,6 +116,9 @@ NB_MODULE(_trampoline, m) {
   m.def("shutdown", &Shutdown, nb::arg("timeout"),
         "Refuse new Python callbacks and wait up to `timeout` seconds for the running ones "
         "(jaxbind's atexit hook). Returns how many still run.");
+  m.def("keep_forever", &KeepForever, nb::arg("obj"),
+        "Keep `obj` alive until the process ends (the exit hook keeps JAX's clients so when a "
+        "callback outlived its wait: their thread pools would join a thread CPython parked).");
   m.def("capsule_pointer", &CapsulePointer, "The pointer a PyCapsule holds, whatever its name.");
 
   AddDiagnostics(m);

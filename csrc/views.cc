@@ -185,11 +185,22 @@ void RetireArray(nb::handle obj) {
 // nothing never gets here. Returns true if a view is still held.
 bool KeptAfterCollecting(PyObject* in_tuple, Py_ssize_t ours_in, PyObject* out_tuple,
                          Py_ssize_t ours_out) {
-  static PyObject* collect = nullptr;  // gc.collect, looked up once (the GIL is held)
+  // gc.collect, looked up once. Atomic: with the GIL off two threads may look it up at once (the
+  // one that loses drops its own); not a function-local static, whose guard would be held across
+  // an import that can switch threads (a thread waiting on it with the GIL would deadlock).
+  static std::atomic<PyObject*> g_collect{nullptr};
+  PyObject* collect = g_collect.load(std::memory_order_acquire);
   if (collect == nullptr) {
     PyObject* gc = PyImport_ImportModule("gc");
-    collect = gc != nullptr ? PyObject_GetAttrString(gc, "collect") : nullptr;
+    PyObject* found = gc != nullptr ? PyObject_GetAttrString(gc, "collect") : nullptr;
     Py_XDECREF(gc);
+    if (found == nullptr) {
+      PyErr_Clear();
+    } else if (g_collect.compare_exchange_strong(collect, found, std::memory_order_acq_rel)) {
+      collect = found;  // (kept for the life of the process)
+    } else {
+      Py_DECREF(found);  // another thread's is kept; `collect` now holds it
+    }
   }
   for (long generation = 0; collect != nullptr && generation <= 2; ++generation) {
     PyObject* arg = PyLong_FromLong(generation);

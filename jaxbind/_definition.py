@@ -224,7 +224,8 @@ class OpDef:
             variant = self
             if func_can_batch != self.func_can_batch:
                 variant = dataclasses.replace(self, func_can_batch=func_can_batch)
-            op = self._ops[func_can_batch] = make(variant)
+            # (two threads may both make it: every caller gets the one kept)
+            op = self._ops.setdefault(func_can_batch, make(variant))
         return op
 
     @property

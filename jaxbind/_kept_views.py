@@ -12,9 +12,11 @@ looks (an ordinary op's callback that keeps a view fails, as its API says).
 from __future__ import annotations
 
 import collections
+import functools
 import gc
 import itertools
 import sys
+import threading
 import types
 import weakref
 
@@ -27,8 +29,23 @@ __all__ = ["give_copies", "own_copy", "retire_overlapping"]
 
 _PROXY_TYPES = (weakref.ProxyType, weakref.CallableProxyType)
 _CTYPES_TYPE = type(np.empty(0).ctypes)  # what ``array.ctypes`` is (a class private to NumPy)
+# One heap sweep at a time: a sweep's lists hold every object of the heap, and a sweep running
+# beside it on another thread finds those lists in the heap and follows them (each of several
+# callbacks that kept a view at once swept the others' lists: the process grew past 20 GB). Re-entrant:
+# a sweep may run a finalizer whose callback keeps a view.
+_SWEEP_LOCK = threading.RLock()
 
 
+def _one_sweep_at_a_time(sweep):
+    @functools.wraps(sweep)
+    def locked(*args):
+        with _SWEEP_LOCK:
+            return sweep(*args)
+
+    return locked
+
+
+@_one_sweep_at_a_time
 def retire_overlapping(views):
     """Cut off every other array and memoryview that reaches the memory of ``views``.
 
@@ -99,6 +116,7 @@ def own_copy(array) -> None:
         array.flags.writeable = False
 
 
+@_one_sweep_at_a_time
 def give_copies(views) -> bool:
     """Give every array that reaches the memory of ``views`` a private copy of its values, or none.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import functools
 import numbers
+import threading
 from typing import NamedTuple
 
 import jax
@@ -169,15 +170,18 @@ class Op(functools.partial):
         # The op's eager calls go with it (they hold its definition, and so its
         # callbacks and what they capture).
         # An entry equal ops share stays until the last of them is gone.
-        eager = _EAGER
-        if eager is not None:
-            me = id(self)
-            for key in self._eager_keys:
-                entry = eager.get(key)
-                if entry is not None:
-                    entry[1].discard(me)
-                    if not entry[1]:
-                        eager.pop(key, None)
+        gone, lock = _EAGER_GONE, _EAGER_LOCK
+        if gone is None or lock is None:  # the module is torn down at exit
+            return
+        gone.append((id(self), self._eager_keys))
+        # Not waiting for the lock: this may run inside a section that holds it (a collection, or
+        # an entry that section dropped); the next section settles it then.
+        if lock.acquire(blocking=False):
+            try:
+                left = _settle_gone()
+            finally:
+                lock.release()
+            del left  # (dropped with the lock released: dropping an entry may run any code)
 
     @property
     def name(self) -> str:
@@ -258,21 +262,21 @@ class Op(functools.partial):
         # would, instead of dispatching the primitive anew each time.
         # Equal ops play equal roles, so they share the entry (and its executable).
         key = (role, kwargs)
-        entry = _EAGER.get(key)
-        if entry is None:
-            entry = _EAGER[key] = (jax.jit(functools.partial(_bind_arrays, role=role, kwargs=kwargs)), set())
-            if len(_EAGER) > EAGER_CACHE_SIZE:
-                _EAGER.popitem(last=False)
-        else:
-            try:
+        with _EAGER_LOCK:  # (one thread at a time: without a GIL, the cache's steps interleave)
+            left = _settle_gone()
+            entry = _EAGER.get(key)
+            if entry is None:
+                entry = _EAGER[key] = (jax.jit(functools.partial(_bind_arrays, role=role, kwargs=kwargs)), set())
+                if len(_EAGER) > EAGER_CACHE_SIZE:
+                    left.append(_EAGER.popitem(last=False))
+            else:
                 _EAGER.move_to_end(key)
-            except KeyError:  # evicted meanwhile by another thread's call
-                pass
-        if id(self) not in entry[1]:
-            entry[1].add(id(self))
-            self._eager_keys.append(key)
-            if len(self._eager_keys) > EAGER_CACHE_SIZE:  # forget the evicted ones
-                self._eager_keys = [k for k in self._eager_keys if k in _EAGER]
+            if id(self) not in entry[1]:
+                entry[1].add(id(self))
+                self._eager_keys.append(key)
+                if len(self._eager_keys) > EAGER_CACHE_SIZE:  # forget the evicted ones
+                    self._eager_keys = [k for k in self._eager_keys if k in _EAGER]
+        del left  # (dropped with the lock released: dropping an entry may run any code)
         call = entry[0]
         if kwargs is _NO_KWARGS and all(type(a) in _CONCRETE_TYPES for a in args):
             # The fast path of later calls like this one, an eager call as a
@@ -380,6 +384,25 @@ _NO_KWARGS = Kwargs({}, "")
 # whose callback holds the op itself is freed that way).
 EAGER_CACHE_SIZE = 128
 _EAGER: collections.OrderedDict = collections.OrderedDict()
+_EAGER_LOCK = threading.Lock()
+# (id, keys) of ops gone while a section held the lock, settled by the next section. An id
+# reused by a new op meanwhile is harmless: every section settles these before it adds an id.
+_EAGER_GONE: list = []
+
+
+def _settle_gone() -> list:
+    """Under ``_EAGER_LOCK``: the gone ops leave their entries, and an entry no op uses any more
+    leaves the cache. Returns those entries, for the caller to drop once it released the lock."""
+    left = []
+    while _EAGER_GONE:
+        me, keys = _EAGER_GONE.pop()
+        for key in keys:
+            entry = _EAGER.get(key)
+            if entry is not None:
+                entry[1].discard(me)
+                if not entry[1]:
+                    left.append(_EAGER.pop(key))
+    return left
 
 
 def _raise_failed_call(err: ValueError):

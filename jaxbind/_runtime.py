@@ -8,6 +8,7 @@ import os
 import traceback
 
 import jax
+import jax.extend.backend
 import jax.numpy as jnp
 import numpy as np
 
@@ -158,7 +159,16 @@ def _at_exit():
     # Runs before the interpreter finalizes (and before JAX's own hooks, which
     # were registered earlier): from here on a callback XLA starts is refused
     # with an error instead of taking the GIL of a dying interpreter.
-    _trampoline.shutdown(EXIT_TIMEOUT_SECONDS)
+    if _trampoline.shutdown(EXIT_TIMEOUT_SECONDS) == 0:
+        return
+    # A callback outlived the wait. When it next takes the interpreter (back
+    # from a sleep, a NumPy call, a helper's start), CPython >= 3.13.8 parks its
+    # XLA thread for ever (gh-87135); the client whose pool owns that thread
+    # joins it when destroyed, and finalization may destroy it (the
+    # free-threaded build's last collection does): the process would hang. The
+    # clients live until the process ends instead, whose exit ends the thread.
+    for client in jax.extend.backend.backends().values():
+        _trampoline.keep_forever(client)
 
 
 _trampoline.set_error_formatter(format_callback_error)

@@ -2,6 +2,7 @@
 guarantees of the one-thread walk (results, errors, kept views, the checking mode)."""
 
 import sys
+import sysconfig
 import threading
 import time
 
@@ -16,6 +17,7 @@ from jaxbind.testing import check_op
 
 like = lambda *args, **kwargs: ((args[-1].shape, args[-1].dtype),)
 THREADS = []
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 
 
 def slow_scale(out, args, kwargs_dump):
@@ -67,6 +69,7 @@ def test_short_elements_stay_on_one_thread():
     assert len(set(THREADS)) == 1
 
 
+@pytest.mark.skipif(FREE_THREADED, reason="no GIL to hold on a free-threaded build (see the test after this one)")
 def test_a_body_that_holds_the_gil_stays_on_one_thread_until_it_releases_it():
     """A walk no helper could join (the body held the GIL throughout) makes the
     next walks of its site stay on the calling thread; later ones try again."""
@@ -99,6 +102,35 @@ def test_a_body_that_holds_the_gil_stays_on_one_thread_until_it_releases_it():
         sys.setswitchinterval(previous)
     assert per_walk[0] == 1, per_walk  # the site remembers that no helper joined
     assert max(per_walk) > 1, per_walk  # and gives its walks the threads back
+
+
+@pytest.mark.skipif(not FREE_THREADED, reason="a GIL build runs one pure-Python element at a time (the test before)")
+def test_a_pure_python_body_is_walked_on_several_threads_with_the_gil_off():
+    """The body of the test before, which holds the GIL throughout on a GIL build: without a GIL
+    its elements run on several threads at once, with the same results."""
+
+    def body(out, args, kwargs_dump):
+        THREADS.append(threading.get_ident())
+        deadline = time.perf_counter() + 5e-4  # pure Python: no GIL release anywhere
+        while time.perf_counter() < deadline:
+            pass
+        out[0][...] = 3 * args[0]
+
+    op = make(True, body, "pure_python_without_gil")
+    f = jax.jit(jax.vmap(lambda v: op(v)[0]))
+    x = jnp.asarray(np.arange(96.0).reshape(32, 3))
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)  # (as in the test before; nothing to switch without a GIL)
+    try:
+        per_walk = []
+        for _ in range(4):
+            THREADS.clear()
+            np.testing.assert_allclose(f(x), 3 * x)
+            per_walk.append(len(set(THREADS)))
+    finally:
+        sys.setswitchinterval(previous)
+    assert max(per_walk) > 1, per_walk
+    assert not sys._is_gil_enabled()
 
 
 def test_a_failing_element_is_an_error_naming_the_op():

@@ -14,13 +14,18 @@ import weakref
 
 import jax
 import jax.numpy as jnp
-import numba
 import numpy as np
 import pytest
 import scipy.integrate
 import scipy.optimize
 
 import jaxbind
+
+try:
+    import numba
+except ImportError:  # (no numba for free-threaded CPython: the tests of numba's objects skip there)
+    numba = None
+needs_numba = pytest.mark.skipif(numba is None, reason="numba is not installed (it has no free-threaded wheel)")
 
 C = np.array([0.5, 1.0, 2.0, 3.0])  # x**3 + x = c has one real root for each
 BATCH = np.array([C, 2 * C, C + 0.25])
@@ -171,6 +176,7 @@ def test_views_held_only_by_reference_cycles_are_not_kept(collector):
             gc.enable()
 
 
+@needs_numba
 def test_a_numba_function_given_the_views_compiles_and_runs():
     @numba.njit
     def twice(out, args):  # compiled on the first call, from the tuples' types
@@ -345,9 +351,11 @@ def test_aliases_are_cut_off_with_dead_weak_proxies_on_the_heap():
 # Objects that copy a view's data pointer (and shape) when they are made: retiring the view alone
 # would leave them reading XLA's memory. Each keeper returns the object and a check that it reaches
 # none of that memory any more.
-@numba.njit
-def _first_item_size(items):
-    return items[0].size
+if numba is not None:
+
+    @numba.njit
+    def _first_item_size(items):
+        return items[0].size
 
 
 def _numba_list_of(view):
@@ -379,15 +387,20 @@ POINTER_KEEPERS = {
         lambda out, args: out[0].ctypes,
         lambda kept, memory: tuple(kept.shape) == (0,) and not memory[0] <= kept.data < memory[1],
     ),
+}
+NUMBA_POINTER_KEEPERS = {
     "a numba typed List": (
         lambda out, args: _numba_list_of(args[0]),
         lambda kept, _: _first_item_size(kept) == 0 and kept[0].size == 0,
     ),
     "a numba typed Dict": (lambda out, args: _numba_dict_of(out[0]), lambda kept, _: kept[0].size == 0),
 }
+POINTER_KEEPERS.update(NUMBA_POINTER_KEEPERS)
 
 
-@pytest.mark.parametrize("keeper", list(POINTER_KEEPERS))
+@pytest.mark.parametrize(
+    "keeper", [pytest.param(k, marks=needs_numba) if k in NUMBA_POINTER_KEEPERS else k for k in POINTER_KEEPERS]
+)
 def test_a_kept_object_holding_a_pointer_is_cut_off(keeper):
     make, is_cut_off = POINTER_KEEPERS[keeper]
     kept, memory = [], []
