@@ -27,6 +27,12 @@ bool PythonFinalizing() {
 #endif
 }
 
+// A thread that holds the GIL cannot find the interpreter finalizing, but for
+// the thread that finalizes it: any other that does is being ended by CPython.
+#if !defined(__GLIBCXX__)
+bool EndedByPython() { return PythonFinalizing() && PyThread_get_thread_ident() != g_exiting_thread.load(); }
+#endif
+
 // XLA calls handlers on the Python thread that launched the program or on its
 // own worker threads, which have no Python thread state. PyGILState_Ensure and
 // Release would create and destroy a thread state on every call there; instead
@@ -53,6 +59,9 @@ inline GilHold::GilHold() {
 }
 
 inline GilHold::~GilHold() {
+#if !defined(__GLIBCXX__)
+  if (acquired_ && EndedByPython()) acquired_ = false;  // (see EndedByPython) no GIL to release
+#endif
   if (acquired_) PyEval_SaveThread();
   g_python_calls.fetch_sub(1);
 }

@@ -109,10 +109,23 @@ struct PythonSite : Site {
 // outlive the Python holders of its sites (JAX may run an executable after it
 // dropped its Python half): the site's release then takes nothing from a
 // dispatch that runs it.
+// Whether CPython is ending this thread (it waited for the GIL while the
+// interpreter finalized, and CPython < 3.13.8 then calls pthread_exit, whose
+// unwinding runs the destructors of the frames it leaves). Built with libstdc++
+// the dispatch catches that unwinding (abi::__forced_unwind) and abandons what
+// it holds; libc++ has no such type (and a catch (...) that rethrows it
+// terminates the process), so there the holders' destructors ask this.
+#if !defined(__GLIBCXX__)
+bool EndedByPython();
+#endif
+
 class PythonRefs {
  public:
   PythonRefs() = default;
   ~PythonRefs() {
+#if !defined(__GLIBCXX__)
+    if (EndedByPython()) return;  // nothing may be dropped without the GIL
+#endif
     Py_XDECREF(kwargs_dump_);
     Py_XDECREF(callable_);
   }
