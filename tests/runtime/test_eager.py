@@ -259,7 +259,13 @@ def test_numpy_arrays_of_ml_dtypes_pass_on_every_path(name):
     op = jaxbind.get_nonlinear_call(adding, None, like, None, name="eager_ml_dtypes")
     x, one = np.arange(4).astype(dtype), np.ones(4, dtype)
     want = jax.jit(jnp.add)(x, one)
-    results = [op(x, one)[0], op(x, one)[0], op(x, one, scale=1)[0], jax.jit(lambda v: op(x, v)[0])(one)]
+    results = [op(x, one)[0], op(x, one)[0], op(x, one, scale=1)[0]]
+    try:  # as a constant of a traced call, where JAX can embed one (jax 0.5's XLA fails on float8 ones)
+        jax.jit(lambda v: jnp.add(x, v))(one)
+    except Exception:
+        pass
+    else:
+        results.append(jax.jit(lambda v: op(x, v)[0])(one))
     for got in results:
         assert got.dtype == dtype
         np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
