@@ -30,7 +30,12 @@ bool PythonFinalizing() {
 // A thread that holds the GIL cannot find the interpreter finalizing, but for
 // the thread that finalizes it: any other that does is being ended by CPython.
 #if !defined(__GLIBCXX__)
-bool EndedByPython() { return PythonFinalizing() && PyThread_get_thread_ident() != g_exiting_thread.load(); }
+// (The exit hook sets g_shutting_down before the interpreter finalizes: the
+// per-call path of a libc++ build pays one relaxed load, not a call into Python.)
+bool EndedByPython() {
+  return g_shutting_down.load(std::memory_order_relaxed) && PythonFinalizing() &&
+         PyThread_get_thread_ident() != g_exiting_thread.load();
+}
 #endif
 
 // XLA calls handlers on the Python thread that launched the program or on its
