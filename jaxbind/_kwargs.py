@@ -421,6 +421,8 @@ def native_kwarg_entry(key, value, label: str):
             "sequences or arrays of ints or floats."
         )
 
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biuf":
+        value = value[()]  # a 0-d array is the scalar it holds: a NumPy bool, int or float, typed by its dtype
     if isinstance(value, (bool, np.bool_)):
         return (key, KW_BOOL, int(value))
     if isinstance(value, (numbers.Integral, np.integer)):

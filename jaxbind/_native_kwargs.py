@@ -10,6 +10,7 @@ import collections.abc
 import keyword
 import typing
 
+from ._definition import CallbackKind
 from ._kwargs import (
     KW_BOOL,
     KW_FLOAT,
@@ -44,6 +45,12 @@ _TAKES = {
     KW_INT_ARRAY: "a 1-d sequence or array of ints",
     KW_FLOAT_ARRAY: "a 1-d sequence or array of floats (or of ints)",
 }
+# Strings that spell a kind (or a C or NumPy type): a declaration refuses them as defaults, being
+# meant as the kind they name far more often than as the default of a str kwarg.
+_TYPE_SPELLINGS = frozenset(
+    ("int", "float", "bool", "str", "string", "double", "integer", "boolean", "list[int]", "list[float]")
+    + ("int32", "int64", "float32", "float64", "list[str]", "list", "tuple[int]", "tuple[float]")
+)
 # Passed by jaxbind itself to the kernels of ops with func_can_batch=True.
 _RESERVED = ("batch_levels", "batch_axes")
 
@@ -91,6 +98,13 @@ def declare(spec, where: str, fields: bool = False) -> Declared | None:
                 "keyword); rename it."
             )
         code, default = _kind_of(kind), None
+        if isinstance(kind, str) and kind.strip().lower().replace(" ", "") in _TYPE_SPELLINGS:
+            raise TypeError(
+                f"{where}: kwargs declares '{name}' as the string {kind!r}, which would declare a str whose "
+                f"default is {kind!r}; to declare the kind, write the type itself, not in quotes (int, float, "
+                "bool, str, list[int], list[float]). (A str kwarg whose default spells a type: declare it str, "
+                "and have the kernel's accessor fall back to that default.)"
+            )
         if code is None:
             try:
                 _, code, default = native_kwarg_entry(name, kind, where)
@@ -214,13 +228,32 @@ def _converted(entry: tuple, code: int) -> tuple | None:
 
 
 def check_native_kwargs(values: dict, definition) -> None:
-    """Refuse, when an op is called, kwargs one of its native kernels cannot take or does not declare."""
+    """Refuse, when an op is called, kwargs one of its native kernels cannot take or does not declare.
+
+    The forward kernel (the one the call runs) is asked first, so a value it refuses is refused in its
+    name; a derivative or transpose kernel that refuses what the forward one takes is named with its role.
+    """
     label = f"op '{definition.name}'"
+    callbacks = [
+        (kind, role, callback)
+        for family in definition.families
+        for kind, role, callback in zip(family.kinds, family.labels, family.callbacks)
+        if isinstance(callback, NativeKernel) and callback.declared is not None
+    ]
+    callbacks.sort(key=lambda entry: entry[0] is not CallbackKind.FORWARD)  # (stable: the rest as given)
     checked = set()
-    for family in definition.families:
-        for callback in family.callbacks:
-            if isinstance(callback, NativeKernel) and callback.declared is not None and callback not in checked:
-                checked.add(callback)
-                callback.declared.entries(values, label, callback)
+    for kind, role, callback in callbacks:
+        if callback in checked:
+            continue
+        checked.add(callback)
+        try:
+            callback.declared.entries(values, label, callback)
+        except TypeError as error:
+            if kind is CallbackKind.FORWARD:
+                raise
+            raise TypeError(
+                f"{error} ({callback._kind.capitalize()} '{callback.__name__}' is the op's "
+                f"{role.removesuffix(' callback')} callback, which gets the call's keyword arguments too.)"
+            ) from None
     if not checked:
         kernel_kwargs(values, label)  # (refuses the types no kernel can take)

@@ -4,8 +4,12 @@
 
 - the wheel's platform tags are manylinux for glibc 2.27 (jaxlib's own wheels' floor) or older: it
   installs wherever jaxlib's do;
-- the wheel holds the repository's LICENSE under .dist-info/licenses/, the sdist holds it at its root, and
-  both metadata files name it (License-File) with the license expression pyproject.toml gives;
+- the wheel holds every file pyproject.toml's license-files names (LICENSE, THIRD_PARTY_NOTICES.md and
+  the third-party license texts in licenses/: nanobind's, which its BSD-3 license asks a binary copy to
+  carry, and the others the extension holds code of) under .dist-info/licenses/, byte for byte as in the
+  repository, the sdist holds them at its root, and both metadata files name them (License-File) with the
+  license expression pyproject.toml gives;
+- THIRD_PARTY_NOTICES.md names every file of licenses/, and licenses/ holds nanobind's license;
 - both metadata files carry pyproject.toml's [project.urls], no more and no fewer.
 
 Exits non-zero with every failed check named.
@@ -30,12 +34,32 @@ def _metadata_problems(where: str, text: str, project: dict) -> list[str]:
     expression = message.get("License-Expression")
     if expression != project["license"]:
         problems.append(f"{where}: License-Expression is {expression!r}, not {project['license']!r}")
-    if message.get_all("License-File") != project["license-files"]:
-        problems.append(f"{where}: License-File is {message.get_all('License-File')}, not {project['license-files']}")
+    if sorted(message.get_all("License-File") or []) != license_files(project):
+        problems.append(f"{where}: License-File is {message.get_all('License-File')}, not {license_files(project)}")
     urls = sorted(message.get_all("Project-URL") or [])
     wanted = sorted(f"{label}, {url}" for label, url in project.get("urls", {}).items())
     if urls != wanted:
         problems.append(f"{where}: Project-URL is {urls}, not pyproject.toml's {wanted}")
+    return problems
+
+
+def license_files(project: dict) -> list[str]:
+    """The files pyproject.toml's license-files globs match, relative to the repository, sorted."""
+    found = {path.relative_to(ROOT).as_posix() for glob in project["license-files"] for path in ROOT.glob(glob)}
+    return sorted(found)
+
+
+def notice_problems(project: dict) -> list[str]:
+    """What the repository's notices lack: nanobind's license, a third-party text the notices do not name."""
+    files = license_files(project)
+    problems = [] if "licenses/nanobind-LICENSE" in files else ["licenses/nanobind-LICENSE is not a license file"]
+    notices = (ROOT / "THIRD_PARTY_NOTICES.md").read_text()
+    problems += [
+        f"THIRD_PARTY_NOTICES.md does not name {name}"
+        for name in files
+        if name.startswith("licenses/")
+        if f"`{name}`" not in notices
+    ]
     return problems
 
 
@@ -58,27 +82,32 @@ def check(folder: pathlib.Path) -> list[str]:
     if len(wheels) != 1 or len(sdists) != 1:
         return [f"{folder}: expected one wheel and one sdist, found {[p.name for p in wheels + sdists]}"]
     (wheel,), (sdist,) = wheels, sdists
-    problems = _tag_problems(wheel)
+    problems = _tag_problems(wheel) + notice_problems(project)
     with zipfile.ZipFile(wheel) as z:
         info = next(n.split("/")[0] for n in z.namelist() if n.split("/")[0].endswith(".dist-info"))
-        wanted = (f"{info}/licenses/LICENSE", f"{info}/METADATA")
-        files = {name: z.read(name) for name in wanted if name in z.namelist()}
-        problems += _archive_problems(wheel.name, files, f"{info}/licenses/LICENSE", f"{info}/METADATA", project)
+        problems += wheel_problems(wheel.name, {name: z.read(name) for name in z.namelist()}, info, project)
     with tarfile.open(sdist) as t:
         top = sdist.name.removesuffix(".tar.gz")
         names = set(t.getnames())
-        files = {name: t.extractfile(name).read() for name in (f"{top}/LICENSE", f"{top}/PKG-INFO") if name in names}
-        problems += _archive_problems(sdist.name, files, f"{top}/LICENSE", f"{top}/PKG-INFO", project)
+        wanted = [f"{top}/{name}" for name in license_files(project)] + [f"{top}/PKG-INFO"]
+        files = {name: t.extractfile(name).read() for name in wanted if name in names}
+        problems += _archive_problems(sdist.name, files, f"{top}/", f"{top}/PKG-INFO", project)
     return problems
 
 
-def _archive_problems(archive: str, files: dict, license_name: str, metadata_name: str, project: dict) -> list[str]:
-    """What is wrong with one archive's license file and metadata (files: name -> bytes, those present)."""
+def wheel_problems(archive: str, files: dict, info: str, project: dict) -> list[str]:
+    """What is wrong with a wheel's license files and metadata (files: name -> bytes; info: its .dist-info)."""
+    return _archive_problems(archive, files, f"{info}/licenses/", f"{info}/METADATA", project)
+
+
+def _archive_problems(archive: str, files: dict, prefix: str, metadata_name: str, project: dict) -> list[str]:
+    """What is wrong with one archive's license files (under prefix) and metadata (files: name -> bytes)."""
     problems = []
-    if license_name not in files:
-        problems.append(f"{archive}: no {license_name}")
-    elif files[license_name] != (ROOT / "LICENSE").read_bytes():
-        problems.append(f"{archive}: {license_name} is not the repository's LICENSE")
+    for name in license_files(project):
+        if prefix + name not in files:
+            problems.append(f"{archive}: no {prefix}{name}")
+        elif files[prefix + name] != (ROOT / name).read_bytes():
+            problems.append(f"{archive}: {prefix}{name} is not the repository's {name}")
     if metadata_name not in files:
         return [*problems, f"{archive}: no {metadata_name}"]
     return problems + _metadata_problems(archive, files[metadata_name].decode(), project)
@@ -88,5 +117,5 @@ if __name__ == "__main__":
     found = check(pathlib.Path(sys.argv[1]))
     for problem in found:
         print("release check:", problem, file=sys.stderr)
-    print("release check:", "failed" if found else "the tag, the license and the URLs are as they should be")
+    print("release check:", "failed" if found else "the tag, the licenses, the notices and the URLs are right")
     sys.exit(1 if found else 0)

@@ -70,7 +70,9 @@ def test_exit_while_a_callback_runs_on_a_worker_thread_is_clean(tmp_path, how, t
     # Before: "Fatal Python error: PyEval_SaveThread ... finalizing", exit 134 or 139,
     # in about half the runs. With the exit hook waiting, the callback finishes; when it
     # does not wait (a callback that outlives the timeout), CPython ends the thread and
-    # jaxbind does not touch the GIL of the dying interpreter.
+    # jaxbind does not touch the GIL of the dying interpreter. On CPython >= 3.13.8 (the free-threaded
+    # lane) the thread is parked instead, and "exit does not wait" hangs unless the exit hook keeps JAX's
+    # clients alive (test_exit_keeps_clients.py tests that it does).
     script = tmp_path / "exit_during_callback.py"
     script.write_text(EXIT_SCRIPT)
     env = {**os.environ, "PYTHONPATH": JAXBIND_PARENT + os.pathsep + os.environ.get("PYTHONPATH", "")}
