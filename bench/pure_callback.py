@@ -7,7 +7,9 @@ Method: per call inside one compiled program, as bench/overhead.py measures it
 with a traced trip count, per call = (T(K) - T(0)) / K, the median of
 interleaved repetitions; once alone (XLA runs the tiny program on the calling
 thread) and once beside an independent ``sum(sin)`` (XLA runs it on a worker
-thread). The sequential vmap of 64 rows is timed per jitted call
+thread). A jitted call from Python, dispatch included, is timed too
+(``_timing.interleaved_plain_per_call``): JAX runs a program that holds a pure
+callback before the call returns. The sequential vmap of 64 rows is timed per jitted call
 (``_timing.median_seconds``, interleaved). Both APIs get the same callback
 (``np.multiply(x, 2)``, returned as a new array, as pure_callback callbacks
 are written); results are checked against jax.numpy before timing.
