@@ -7,7 +7,9 @@ Method: per call inside one compiled program, as bench/overhead.py measures it
 with a traced trip count, per call = (T(K) - T(0)) / K, the median of
 interleaved repetitions; once alone (XLA runs the tiny program on the calling
 thread) and once beside an independent ``sum(sin)`` (XLA runs it on a worker
-thread). The sequential vmap of 64 rows is timed per jitted call
+thread). A jitted call from Python, dispatch included, is timed too
+(``_timing.interleaved_plain_per_call``): JAX runs a program that holds a pure
+callback before the call returns. The sequential vmap of 64 rows is timed per jitted call
 (``_timing.median_seconds``, interleaved). Both APIs get the same callback
 (``np.multiply(x, 2)``, returned as a new array, as pure_callback callbacks
 are written); results are checked against jax.numpy before timing.
@@ -33,7 +35,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp
 import numpy as np
-from _timing import interleaved_per_call, median_seconds
+from _timing import cpu_model, interleaved_per_call, interleaved_plain_per_call, load_average, median_seconds
 
 import jaxbind
 
@@ -63,7 +65,7 @@ def main():
     options = parser.parse_args()
     repeats, target = (3, 0.05) if options.quick else (9, 0.1)
     results = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "machine": f"{platform.machine()}, {cpu_model()}, {os.cpu_count()} cores",
         "jax": jax.__version__,
         "per_call_us": {},
         "vmap64_us": {},
@@ -83,6 +85,18 @@ def main():
                 f"per call, n={n:>4}, {where}: jax {row['jax.pure_callback']:8.2f} us, "
                 f"jaxbind {row['jaxbind.pure_callback']:6.2f} us, ratio 1/{1 / ratio:.1f}"
             )
+    # A jitted call from Python, dispatch included: JAX runs a program that holds a pure callback
+    # before the call returns (so that a failure raises there), off its C++ fast path (issue 40).
+    results["jitted_call_us"] = {}
+    for n in (1, 1000):
+        x = jnp.asarray(np.random.default_rng(0).standard_normal(n))
+        jitted = [jax.jit(via(api)) for api in APIS.values()]
+        seconds = interleaved_plain_per_call([(f, (x,)) for f in jitted], repeats, target)
+        row = results["jitted_call_us"][f"n={n}"] = {name: s * 1e6 for name, s in zip(APIS, seconds)}
+        print(
+            f"jitted call from Python, n={n:>4}: jax {row['jax.pure_callback']:8.2f} us, "
+            f"jaxbind {row['jaxbind.pure_callback']:6.2f} us, ratio 1/{seconds[0] / seconds[1]:.1f}"
+        )
     rows = jnp.asarray(np.random.default_rng(1).standard_normal((64, 1000)))
     vmapped = {name: jax.jit(jax.vmap(via(api, "sequential"))) for name, api in APIS.items()}
     for fn in vmapped.values():
@@ -107,6 +121,8 @@ def main():
     results["guide_example_grad_us"] = {name: s * 1e6 for name, s in zip(grads, seconds)}
     for name, s in zip(grads, seconds):
         print(f"guide example, jitted grad, {name}: {s * 1e6:7.1f} us, ratio 1/{seconds[0] / s:.1f}")
+    results["load_at_end"] = load_average()
+    print(f"{results['machine']}, jax {jax.__version__}, load at the end {results['load_at_end']:.2f}")
     if options.json:
         with open(options.json, "w") as f:
             json.dump(results, f, indent=1)

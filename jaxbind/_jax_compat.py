@@ -16,6 +16,7 @@ __all__ = [
     "canonicalize_dtype",
     "cast_to_common_vma",
     "get_aval",
+    "hold_as_host_callback",
     "hold_weakly_in_jax_caches",
     "lowering_for_export",
     "lru_cleared_with_jax_caches",
@@ -46,6 +47,7 @@ except ImportError:  # pragma: no cover - older layouts
 import jax
 import numpy as np
 from jax._src import core as _core
+from jax._src import lib as _lib
 
 # The type of a concrete JAX array (jax.Array is an abstract base class over it).
 from jax._src.array import ArrayImpl
@@ -330,6 +332,47 @@ def canonicalize_dtype(dtype):
 def add_keepalive(ctx, obj) -> None:
     """Keep ``obj`` alive as long as the executable compiled from this lowering."""
     ctx.module_context.add_keepalive(obj)
+
+
+# ---------------------------------------------------------------------------
+# A program JAX runs as it runs one that holds jax.pure_callback
+# ---------------------------------------------------------------------------
+# JAX hands the host callbacks a lowering registered (ModuleContext.host_callbacks) to
+# the compiler; an executable that holds any runs synchronously on CPU (XLA's IFRT
+# executable sets ExecutionMode::kSynchronous "to avoid deadlocks with reentrant
+# callbacks"), so a callback's failure comes out of the call itself. JAX's dispatch
+# also runs it with tokens (pxla's ExecuteReplicated), keeps jit's C++ fast path from it
+# before jax 0.7.2 (pjit._get_fastpath_data; jax-ml/jax#31319: ~180 us more per call of
+# a tiny program on jax 0.5.3, as for jax.pure_callback), and writes no persistent-cache
+# entry for it. What a host callback is: a Python callable where jaxlib's callbacks are
+# FFI handlers (jaxlib extension > 320, so jax >= 0.6: the test JAX's emit_python_callback makes);
+# before, a capsule the client makes (get_emit_python_callback_descriptor). XLA refuses
+# a program that mixes the two, so ours is of the kind JAX's own callbacks are.
+_FFI_HOST_CALLBACKS = getattr(_lib.xla_client, "_version", 0) > 320
+_capsules: dict = {}  # id(backend) -> (backend, its capsule): one per client, as host callbacks are compared
+
+
+def _never_called(*args):  # pragma: no cover - no custom call names it
+    raise RuntimeError("jaxbind: the host callback that only marks a program was called")
+
+
+def hold_as_host_callback(ctx) -> None:
+    """Register a host callback nothing calls, once per program: JAX then runs the program as one
+    that holds ``jax.pure_callback``'s (synchronously, so that the call raises a callback's failure)."""
+    module = ctx.module_context
+    if _FFI_HOST_CALLBACKS:
+        entry = _never_called
+    else:  # pragma: no cover - jaxlib 0.5
+        backend = module.get_backend()
+        held = _capsules.get(id(backend))
+        if held is None or held[0] is not backend:
+            held = _capsules[id(backend)] = (
+                backend,
+                backend.get_emit_python_callback_descriptor(_never_called, [], [])[1],
+            )
+        entry = held[1]
+    if not any(h is entry for h in module.host_callbacks):
+        module.add_host_callback(entry)
 
 
 def lowering_for_export(ctx) -> bool:

@@ -15,6 +15,7 @@ from ._jax_compat import (
     add_keepalive,
     auto_device_count,
     batch_partitioning_attributes,
+    hold_as_host_callback,
     lowering_for_export,
     mlir,
     place_callback,
@@ -104,6 +105,10 @@ def jaxbind_lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
     else:
         handle = site_for(role, kwargs, batch, avals_in, ctx.avals_out, bool(padded))
         add_keepalive(ctx, handle)  # the site lives as long as the compiled program
+        if jax_callback is not None:
+            # JAX runs a program that holds jax.pure_callback synchronously, so that the call
+            # raises what the callback raised: this one too (see hold_as_host_callback)
+            hold_as_host_callback(ctx)
         text, key = handle.description, handle.key
     aliases = _operand_output_aliases(ctx, role)
     if not levels and not aliases:

@@ -33,10 +33,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._definition import CallbackKind, Family, JaxCallback, OpDef, OpKind, dtype_name
+from ._definition import CallbackKind, Family, JaxCallback, OpDef, OpKind
 from ._jax_compat import at_top_level, canonicalize_dtype, lru_cleared_with_jax_caches
 from ._kept_views import give_copies, own_copy
 from ._op import Op
+from ._pure_callback_checks import check_arguments, check_spec, dtype_named
 from ._runtime import format_callback_error
 from ._vmap_methods import DOOR_PURE_CALLBACK, accepted, named
 
@@ -51,7 +52,6 @@ _lock = threading.Lock()
 # (what identifies the callback, structure, vmap method, sharding) -> its op's definition, while
 # something (a jaxpr, a compiled program, JAX's caches) holds that
 _definitions: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_dtypes: dict = {}  # dtype name -> NumPy's own dtype object of that name (see _check_spec)
 
 
 def _name_of(callback) -> str:
@@ -155,7 +155,7 @@ def _recent(definition: OpDef) -> OpDef:
 
 def _abstract(*args, result):
     """The op's abstract: the result specs, their dtypes NumPy's own objects (never unpickled copies)."""
-    return tuple((shape, _dtype_named(name)) for shape, name in result)
+    return tuple((shape, dtype_named(name)) for shape, name in result)
 
 
 def _make_definition(callback, in_tree, vmap_method, sharding) -> OpDef:
@@ -270,34 +270,6 @@ def _write_results(name, out, result, leaves):
         o[...] = r
 
 
-def _dtype_named(name: str):
-    """NumPy's own dtype object of a name (``jax.dtypes.float0`` for "float0")."""
-    dtype = _dtypes.get(name)
-    if dtype is None:
-        # (the dtype of its scalar type is NumPy's one object of the name: ml_dtypes' types too)
-        dtype = jax.dtypes.float0 if name == "float0" else np.dtype(np.dtype(name).type)
-        _dtypes[name] = dtype
-    return dtype
-
-
-def _check_spec(spec):
-    """A result spec's shape, dtype (NumPy's own object of it) and dtype name."""
-    try:
-        shape, dtype = tuple(spec.shape), np.dtype(spec.dtype)
-    except (AttributeError, TypeError) as err:
-        raise TypeError(
-            "jaxbind.pure_callback: each leaf of result_shape_dtypes needs .shape and .dtype "
-            f"(a jax.ShapeDtypeStruct or an array), got {spec!r:.100}"
-        ) from err
-    if dtype != jax.dtypes.float0 and canonicalize_dtype(dtype) != dtype:
-        raise ValueError("result_shape_dtypes cannot specify 64-bit types when `jax_enable_x64` is disabled")
-    name = dtype_name(dtype)
-    own = _dtype_named(name)
-    # An unpickled dtype is a new object equal to NumPy's, and JAX (which compares dtypes by
-    # identity in places) would carry it into its results and caches; another byte order stays.
-    return tuple(int(d) for d in shape), (own if own == dtype else dtype), name
-
-
 def _eager(callback, flat_args, in_tree, specs, out_tree):
     """Outside any trace, as JAX does: the callback gets jax Arrays on a CPU device, and its
     failure is a ``JaxRuntimeError`` with the jitted call's text, logged as JAX logs it."""
@@ -383,6 +355,9 @@ def pure_callback(
     ------
     TypeError
         If a leaf of ``result_shape_dtypes`` has no ``.shape`` or ``.dtype``, or
+        a byte-swapped dtype (``>f8`` on this machine: JAX has no such arrays);
+        if a leaf of the arguments is not an array or scalar (a function
+        passed as ``setup=``, which only jaxbind's ops take); or if
         ``sharding`` is not a ``jax.sharding.Sharding``.
     ValueError
         Under ``jax.grad``/``jax.jvp`` (as JAX's does: wrap it in
@@ -393,7 +368,8 @@ def pure_callback(
         calls it is exported (``jaxbind.export``), as ``jax.export`` refuses
         ``jax.pure_callback``.
     jax.errors.JaxRuntimeError
-        When the callback raises (its type, message and traceback are in the
+        From the call itself, as JAX's: a program that calls a pure callback
+        runs before the call returns. When the callback raises (its type, message and traceback are in the
         text; an eager call chains the original exception too; the failure is
         logged as JAX logs it, "jax.pure_callback failed" on the logger
         ``jax._src.callback``) or returns results of another number, shape or
@@ -414,8 +390,10 @@ def pure_callback(
     if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
         raise TypeError(f"jaxbind.pure_callback: sharding must be a jax.sharding.Sharding, got {sharding!r:.100}")
     flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+    name = _name_of(callback)
+    check_arguments(flat_args, args, kwargs, name)
     flat_specs, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
-    specs = tuple(_check_spec(s) for s in flat_specs)
+    specs = tuple(check_spec(s, i, name) for i, s in enumerate(flat_specs))
     if at_top_level() and not any(isinstance(a, jax.core.Tracer) for a in flat_args):
         return _eager(callback, flat_args, in_tree, specs, out_tree)
     op = _op_for(callback, in_tree, vmap_method, sharding)
