@@ -229,6 +229,13 @@ def _kept_copy(array: np.ndarray) -> np.ndarray:
     return copy
 
 
+_READ_ONLY_NOTE = (
+    "(The arrays of args, and the NumPy arrays in the state setup made, are read-only: one state serves "
+    "every call on the same inputs and kwargs, so a callback that changed it would change later results. "
+    "Write results into out only; keep scratch space in the callback.)"
+)
+
+
 def read_only(state, depth: int = 0):
     """The state callbacks get: a NumPy array in it (the state itself, or an item of its tuples, lists and
     dicts, 4 levels deep) as a read-only view. A callback that writes into one fails at once, naming the
@@ -288,7 +295,13 @@ class StatefulCallback:
         callback, state_for = self.callback, self.cache.state_for
 
         def with_state(out, args, kwargs_dump):
-            callback(out, args, kwargs_dump, state_for(args[:n_inputs], kwargs_dump, can_batch))
+            state = state_for(args[:n_inputs], kwargs_dump, can_batch)
+            try:
+                callback(out, args, kwargs_dump, state)
+            except ValueError as err:  # (NumPy's "assignment destination is read-only", "output array is ...")
+                if "read-only" in str(err):
+                    err.add_note(_READ_ONLY_NOTE)
+                raise
 
         with_state.__name__ = _name_of(callback)
         return with_state

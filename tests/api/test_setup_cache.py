@@ -260,7 +260,9 @@ def test_a_callback_cannot_write_into_the_arrays_of_its_state():
         out[0][...] = state["count"] * args[0]
 
     op = jaxbind.get_nonlinear_call(counting, None, like, None, setup=setup, name="counting")
-    with pytest.raises(Exception, match="(?s)jaxbind op 'counting'.*ValueError.*read-only"):
+    with pytest.raises(
+        Exception, match="(?s)jaxbind op 'counting'.*ValueError.*read-only.*in the state setup made, are read-only"
+    ):
         op(jnp.ones(3))
 
     # the arrays are read-only views: the setup's own arrays stay writeable
