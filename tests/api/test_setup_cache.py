@@ -323,3 +323,17 @@ def test_a_setup_that_cannot_take_args_and_kwargs_is_refused_when_the_op_is_made
     for good in (lambda *args: 0, lambda args, kwargs, extra=None: 0, functools.partial(lambda k, a, kw: 0, 1), max):
         op = jaxbind.get_nonlinear_call(sine, None, like, None, setup=good, name="arity_ok")
         assert state_cache(op.definition).setup is good
+
+
+def test_a_waiter_stops_waiting_for_an_idle_setup_and_for_none_that_ends(monkeypatch):
+    monkeypatch.setattr(_state, "_WAIT_SLICE", 0.01)
+    idle = _state._Making(threading.get_ident())  # (this thread's setup: idle while this thread waits)
+    assert idle.clock is not None or sys.platform != "linux"
+    assert _state._wait_for(idle) is False
+    idle.event.set()
+    assert _state._wait_for(idle) is True
+    # where threads have no CPU clock: a bounded wait
+    monkeypatch.setattr(_state, "_own_cpu_clock", lambda: None)
+    monkeypatch.setattr(_state, "_BLIND_WAIT", 0.05)
+    blind = _state._Making(threading.get_ident())
+    assert blind.clock is None and _state._wait_for(blind) is False
