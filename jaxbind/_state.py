@@ -83,7 +83,7 @@ def _cpu_time(clock):
 
 def _wait_for(making: _Making) -> bool:
     """Wait for another thread's setup: True when it ended, False when it is idle or took too long."""
-    start = used = _cpu_time(making.clock) if making.clock is not None else None
+    used = _cpu_time(making.clock) if making.clock is not None else None
     waited = 0.0
     while not making.event.wait(_WAIT_SLICE):
         waited += _WAIT_SLICE
@@ -92,9 +92,9 @@ def _wait_for(making: _Making) -> bool:
                 return False
             continue
         now = _cpu_time(making.clock)
-        if now is None:  # (its thread is gone: look again)
+        if now is None or used is None:  # (its thread is gone: look again)
             return True
-        if start is None or now - used < _BUSY * _WAIT_SLICE or waited >= _LONGEST_WAIT:
+        if now - used < _BUSY * _WAIT_SLICE or waited >= _LONGEST_WAIT:
             return False
         used = now
     return True
