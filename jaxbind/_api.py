@@ -11,6 +11,7 @@ from ._arguments import (
     check_callable,
     check_flags,
     check_n_residuals,
+    check_no_setup_cache,
     check_setup,
     check_thread_safe,
     drop_fixed_places,
@@ -19,7 +20,7 @@ from ._arguments import (
 )
 from ._definition import CallbackKind, Family, OpDef, OpKind
 from ._op import Op
-from ._state import DEFAULT_SETUP_CACHE, with_state
+from ._state import with_state
 
 __all__ = ["get_linear_call", "get_nonlinear_call"]
 
@@ -38,7 +39,7 @@ def get_linear_call(
     thread_safe: bool = False,
     inplace: dict | None = None,
     setup: Callable | None = None,
-    setup_cache: int = DEFAULT_SETUP_CACHE,
+    setup_cache: int | None = None,
 ) -> Op:
     """Create a JAX op from a linear (or multilinear) function and its transpose(s).
 
@@ -159,10 +160,11 @@ def get_linear_call(
         keeps that state; a state that is gone is made again, so results never
         depend on what was kept. Python callbacks only (a native kernel is
         refused). See the linear guide.
-    setup_cache : int, default 8
-        The most states the op keeps (least recently used first out; freed
-        with the op). A vmapped call over B distinct fixed arguments makes B
-        states: keep at least B to reuse them in its transpose.
+    setup_cache : int, optional
+        With ``setup`` only: the most states the op keeps (default 8; least
+        recently used first out; freed with the op). A vmapped call over B
+        distinct fixed arguments makes B states: keep at least B to reuse
+        them in its transpose.
 
     Returns
     -------
@@ -179,9 +181,11 @@ def get_linear_call(
         with another signature than ``int kernel(const jaxbind_call *)`` is
         refused), if ``abstract`` or an ``abstract_T`` is not callable, if
         ``func_can_batch`` or ``thread_safe`` is not a bool, or if ``name`` is
-        not a string; if ``setup`` is given and is not callable, a callback
-        is a native kernel, or a Python callback cannot take the fourth
-        argument, ``state``.
+        not a string; if ``setup`` is given and is not callable, cannot be
+        called as ``setup(args, kwargs)`` (where its signature says so), a
+        callback is a native kernel, or a Python callback cannot take the
+        fourth argument, ``state``; if ``setup_cache`` is given without
+        ``setup``.
     ValueError
         If ``name`` is empty; if ``first_n_args_fixed`` is not a non-negative
         integer; if ``vmap_method`` is not one of its three values, or is not
@@ -222,6 +226,7 @@ def get_linear_call(
     >>> y, = op(jnp.arange(3.0), factor=2.0)
     >>> g = jax.grad(lambda x: jnp.sum(op(x, factor=2.0)[0] ** 2))(jnp.arange(3.0))
     """
+    check_no_setup_cache(name, f, setup, setup_cache)  # (first: callbacks that take a state then name the cause)
     parameters = callback_parameters(setup)
     f, name = named_callback(f, name, parameters)
     check_callable(abstract, "abstract", name)
@@ -292,7 +297,7 @@ def get_nonlinear_call(
     thread_safe: bool = False,
     inplace: dict | None = None,
     setup: Callable | None = None,
-    setup_cache: int = DEFAULT_SETUP_CACHE,
+    setup_cache: int | None = None,
 ) -> Op:
     """Create a JAX op from a nonlinear function with its jvp and vjp.
 
@@ -372,10 +377,11 @@ def get_nonlinear_call(
         state that is gone is made again, so results never depend on what was
         kept. Python callbacks only (a native kernel is refused). See the
         nonlinear guide.
-    setup_cache : int, default 8
-        The most states the op keeps (least recently used first out; freed
-        with the op). A vmapped gradient over B distinct inputs makes B states
-        in its forward walk and needs them in its vjp walk: keep at least B.
+    setup_cache : int, optional
+        With ``setup`` only: the most states the op keeps (default 8; least
+        recently used first out; freed with the op). A vmapped gradient over
+        B distinct inputs makes B states in its forward walk and needs them in
+        its vjp walk: keep at least B.
 
     Returns
     -------
@@ -395,9 +401,10 @@ def get_nonlinear_call(
         ``f_derivative`` is given, or given while ``f_derivative`` is
         ``None``; if ``n_residuals`` is not an integer; if ``func_can_batch``
         or ``thread_safe`` is not a bool, or ``name`` is not a string; if
-        ``setup`` is given and is not callable, a callback is a native
-        kernel, or a Python callback cannot take the fourth argument,
-        ``state``.
+        ``setup`` is given and is not callable, cannot be called as
+        ``setup(args, kwargs)`` (where its signature says so), a callback is
+        a native kernel, or a Python callback cannot take the fourth
+        argument, ``state``; if ``setup_cache`` is given without ``setup``.
     ValueError
         If ``n_residuals`` is negative; if ``name`` is empty; if
         ``first_n_args_fixed`` is not a non-negative integer; if
@@ -428,6 +435,7 @@ def get_nonlinear_call(
     >>> op = jaxbind.get_nonlinear_call(f, (f_jvp, f_vjp), abstract, abstract)
     >>> g = jax.grad(lambda x: jnp.sum(op(x)[0]))(jnp.linspace(0.0, 1.0, 5))
     """
+    check_no_setup_cache(name, f, setup, setup_cache)  # (first: callbacks that take a state then name the cause)
     parameters = callback_parameters(setup)
     f, name = named_callback(f, name, parameters)
     check_callable(abstract, "abstract", name)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ._definition import _name_of
 from ._native import NativeKernel, as_kernel
+from ._state import DEFAULT_SETUP_CACHE
 from ._vmap_methods import DOOR_OP, accepted, method_of
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "check_callable",
     "check_flags",
     "check_n_residuals",
+    "check_no_setup_cache",
     "check_setup",
     "check_thread_safe",
     "drop_fixed_places",
@@ -138,10 +140,18 @@ def named_callback(f, name, parameters: Sequence[str] = CALLBACK_PARAMETERS):
 
 
 def check_setup(name: str, setup, setup_cache, families) -> int:
-    """``setup`` callable, every callback a Python one, ``setup_cache`` a positive int: the cache size."""
+    """``setup`` callable with ``(args, kwargs)``, every callback a Python one, ``setup_cache`` a positive
+    int or None (the default): the cache size."""
     if not callable(setup):
         raise TypeError(
             f"jaxbind op '{name}': setup must be a callable setup(args, kwargs) -> state, got {type(setup).__name__}."
+        )
+    why = _why_not_callable_with(setup, 2)
+    if why is not None:
+        raise TypeError(
+            f"jaxbind op '{name}': setup ('{_name_of(setup)}') cannot be called as setup(args, kwargs): {why}. "
+            "jaxbind calls it with 2 positional arguments, the call's leading inputs (a tuple of arrays) and "
+            "its kwargs (a dict), and gives what it returns to every callback as their fourth argument, state."
         )
     for family in families:
         for callback, label in zip(family.callbacks, family.labels):
@@ -153,12 +163,26 @@ def check_setup(name: str, setup, setup_cache, families) -> int:
                     "Keep a native kernel's state on the C side (a handle passed as an int kwarg), or "
                     "make the op without setup."
                 )
+    if setup_cache is None:
+        return DEFAULT_SETUP_CACHE
     if isinstance(setup_cache, (bool, np.bool_)) or not isinstance(setup_cache, numbers.Integral) or setup_cache < 1:
         raise ValueError(
             f"jaxbind op '{name}': setup_cache must be a positive integer (the states the op "
             f"keeps), got {setup_cache!r:.100}."
         )
     return int(setup_cache)
+
+
+def check_no_setup_cache(name, f, setup, setup_cache) -> None:
+    """``setup_cache`` without ``setup``: a cache of nothing, most likely a forgotten ``setup=``."""
+    if setup is None and setup_cache is not None:
+        if not isinstance(name, str) or not name.strip():  # (a bad name= is refused after this)
+            name = _name_of(f)
+        raise TypeError(
+            f"jaxbind op '{name}': setup_cache={setup_cache!r:.100} is given without setup; it sizes the cache of "
+            "the states setup makes, so an op without setup has none. Pass setup=, a callable "
+            "setup(args, kwargs) -> state, or leave setup_cache out."
+        )
 
 
 def check_thread_safe(name: str, thread_safe) -> bool:

@@ -206,6 +206,8 @@ class Checker(LinearChecks, DerivativeChecks, BatchingChecks):
     def run(self) -> OpCheck:
         d = self.definition
         self.check_outputs()
+        if state_cache(d) is not None:  # (first: a changed state fails the other checks, naming no cause)
+            self.check_state()
         self.check_eager_against_jit()
         if d.kind in ("linear", "multilinear"):
             self.check_linearity()
@@ -218,18 +220,28 @@ class Checker(LinearChecks, DerivativeChecks, BatchingChecks):
             self.summary.skip("derivatives (no argument after the fixed ones is float or complex)")
         else:
             self.check_jvp_and_vjp()
-        if state_cache(d) is not None:
-            self.check_state()
         if d.thread_safe:  # (first: a race also fails the vmap checks, with a message that names no cause)
             self.check_thread_safe()
         self.check_vmap()
         return self.summary
 
     def check_state(self):
-        """An op with ``setup``: the same results whether its states were kept or made again."""
+        """An op with ``setup``: the same results whether its states were kept or made again, and a kept
+        state used again gives what a new one gives (no callback changes it)."""
         check, cache = "state: kept or made again", state_cache(self.definition)
         cache.clear()
         again = self.attempt(check, "the outputs", lambda: self.call(*self.args))
+        used = self.attempt(check, "the outputs", lambda: self.call(*self.args))
+        self.compare_all(
+            check,
+            "the outputs",
+            used,
+            again,
+            [o.dtype for o in self.outs],
+            "a second call on the same inputs, with the state the first one made, gives other values: a "
+            "callback changes its state (which every call and derivative on those inputs shares, until it "
+            "is evicted and made again); write results into out only",
+        )
         self.compare_all(
             check,
             "the outputs",
