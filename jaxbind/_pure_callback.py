@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import gc
 import logging
-import sys
 import threading
 import types
 import weakref
@@ -35,7 +34,7 @@ import numpy as np
 
 from ._definition import CallbackKind, Family, JaxCallback, OpDef, OpKind
 from ._jax_compat import at_top_level, canonicalize_dtype, lru_cleared_with_jax_caches
-from ._kept_views import give_copies, own_copy
+from ._kept_views import UNKEPT, give_copies, held, own_copy
 from ._op import Op
 from ._pure_callback_checks import check_arguments, check_spec, dtype_named
 from ._runtime import format_callback_error
@@ -43,11 +42,9 @@ from ._vmap_methods import DOOR_PURE_CALLBACK, accepted, named
 
 __all__ = ["pure_callback"]
 
-getrefcount = sys.getrefcount
 copyto = np.copyto
 # JAX's record of a failing callback, which code filters by logger and text (Equinox does).
 _jax_log = logging.getLogger("jax._src.callback")
-_UNKEPT = 3  # references to a view nobody kept: its tuple, the loop's name, getrefcount's argument
 _lock = threading.Lock()
 # (what identifies the callback, structure, vmap method, sharding) -> its op's definition, while
 # something (a jaxpr, a compiled program, JAX's caches) holds that
@@ -206,17 +203,15 @@ def _make_run(callback, in_tree, name):
             result = None
         finally:
             a = k = result = None
-            for view in args:
-                # Held by more than its tuple and our view (its base): by a view derived from
-                # ours, since NumPy points every view of a view at the first array with no base.
-                if getrefcount(view) > _UNKEPT + 1:
-                    view = mine = None
-                    _keep_values(args)
-                    break
+            # An input held by more than its tuple and our view (its base) is held by a view
+            # derived from ours, since NumPy points every view of a view at the first array with
+            # no base. (The counts are read by one function, whose baseline is measured: UNKEPT.)
+            if held(args, UNKEPT + 1):
+                mine = None
+                _keep_values(args)
             else:
-                for view in mine:
-                    if getrefcount(view) > _UNKEPT:
-                        own_copy(view)
+                for view in held(mine, UNKEPT):
+                    own_copy(view)
 
     return run
 
@@ -239,10 +234,7 @@ def _keep_values(views) -> None:
 
 
 def _still_held(views) -> bool:
-    for view in views:
-        if getrefcount(view) > _UNKEPT:  # its tuple, the loop's name, getrefcount's argument
-            return True
-    return False
+    return bool(held(views, UNKEPT))
 
 
 def _write_results(name, out, result, leaves):
