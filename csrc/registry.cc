@@ -187,7 +187,8 @@ int64_t RegisterSite(int64_t key, std::string description, std::string name, nb:
                      nb::bytes kwargs_dump,
                      size_t levels, const std::vector<std::vector<int>>& in_masks,
                      uintptr_t native_address, nb::handle native_kwargs, size_t valid_levels,
-                     bool thread_safe) {
+                     bool thread_safe, const std::vector<int64_t>& types, size_t n_args,
+                     size_t n_rets, size_t free_levels) {
   if (key <= 0) throw nb::value_error("a call-site key is positive");
   std::unique_ptr<AnySite> entry;
   if (native_address != 0) {
@@ -208,6 +209,7 @@ int64_t RegisterSite(int64_t key, std::string description, std::string name, nb:
   site.description = std::move(description);
   site.key = key;
   SetLayout(site, levels, in_masks, valid_levels);
+  SetBufferTypes(site, types, n_args, n_rets, free_levels);
   // A key still bound to a live site is taken over: Python registers a key
   // only when no handle holds it, so that site's handle is going and its
   // release (a weak reference's callback, not run yet) marks it dead later.
