@@ -288,6 +288,44 @@ def run_def_with_inplace(folder):
     print("DONE")
 
 
+def run_padded_export(folder):
+    """A vmapped walk split unevenly over 4 devices (a padded batch, with its validity operand):
+    exported, it runs elsewhere as made; its avals or its padding edited, it is refused."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    assert jax.device_count() == 4, "run with XLA_FLAGS=--xla_force_host_platform_device_count=4"
+    f = _forging()
+    seen = []
+    op = jaxbind.get_nonlinear_call(_doubling(seen), None, _same, None, name="split")
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+    rows = NamedSharding(mesh, P("d"))
+    walked = jax.vmap(lambda v: op(v)[0])
+    program = jax.jit(lambda a: walked(jax.lax.with_sharding_constraint(a, rows)))  # (uneven: not device_put)
+    exported = jaxbind.export(program)(jax.ShapeDtypeStruct((10, 3), jnp.float64))
+    ((text, _),) = f._calls(exported)
+    description = json.loads(text)
+    assert description["padded"] is True and description["in"] == [[[10, 3], "float64"]], description
+    x = jnp.arange(30.0).reshape(10, 3)
+    everywhere = NamedSharding(mesh, P())  # (a program exported for 4 devices is called on 4)
+
+    def on_devices(loaded):
+        return jax.jit(loaded.call, in_shardings=everywhere)
+
+    loaded = jax.export.deserialize(exported.serialize())
+    np.testing.assert_allclose(on_devices(loaded)(x), 2 * np.arange(30.0).reshape(10, 3))  # resolved here
+    assert len(seen) == 10  # the real rows only
+    for edit, words in (
+        ({"out": [[[10, 1], "float64"]]}, "expects output 0 as float64[10, 1]"),
+        ({"padded": False}, "passes 2 input(s) and 1 output(s), but its call site has 1 and 1"),
+    ):
+        forged = f._encode(dict(description, **edit))
+        message = _refused(on_devices(f._forged(exported, description=forged, key=_sites.key_of(forged))), x)
+        assert "jaxbind op 'split'" in message and words in message, message
+    assert len(seen) == 10
+    print("DONE")
+
+
 CASES = {f.__name__: f for f in list(globals().values()) if callable(f) and f.__name__.startswith(("make_", "run_"))}
 
 if __name__ == "__main__":

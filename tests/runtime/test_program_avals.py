@@ -17,13 +17,13 @@ import _subprocesses
 CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_program_avals_cases.py")
 
 
-def _run(case, folder):
+def _run(case, folder, env=None):
     process = subprocess.Popen(
         [sys.executable, CASES, case, str(folder)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=_subprocesses.environment(),
+        env=_subprocesses.environment({**os.environ, **(env or {})}),
     )
     ((out, err),) = _subprocesses.communicate_all([process], 300, case)
     assert process.returncode == 0 and out.strip().endswith("DONE"), (
@@ -58,3 +58,9 @@ def test_a_program_cannot_run_a_pure_callback_function_by_name(tmp_path):
 
 def test_a_program_whose_op_structure_differs_is_refused_naming_the_fields(tmp_path):
     _run("run_def_with_inplace", tmp_path)
+
+
+def test_a_padded_programs_avals_and_buffers_are_checked_where_it_runs(tmp_path):
+    # 10 rows over 4 devices: XLA pads the batch and the call carries a validity operand
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    _run("run_padded_export", tmp_path, {"XLA_FLAGS": flags})
