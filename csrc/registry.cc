@@ -139,11 +139,17 @@ bool CallWithDescription(PyObject* fn, int64_t key, std::string_view call, std::
 // another process (jax.export), or one whose op was freed. Python finds the op
 // the description names among those this process defined, or explains why not;
 // nothing else can be called.
+// The op the resolver found can be freed as it returns (its last other user let it go
+// meanwhile, on another thread: the resolver's own reference was the last), and the site with
+// it: the resolver then runs again, with the ops that live now.
 const AnySite* ResolveSite(int64_t key, std::string_view call, std::string* error) {
-  if (!CallWithDescription(g_resolver, key, call, error)) return nullptr;
-  const AnySite* site = LookupSite(key);
-  if (site == nullptr) *error = "jaxbind: internal error: the resolver registered no site";
-  return site;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (!CallWithDescription(g_resolver, key, call, error)) return nullptr;
+    if (const AnySite* site = LookupSite(key)) return site;
+  }
+  *error = "jaxbind: the program's call site was released as soon as it was made, three times: the "
+           "op it names was freed each time (keep the op alive while its programs run)";
+  return nullptr;
 }
 
 bool CheckProgramSite(int64_t key, std::string_view call, std::string* error) {
