@@ -66,6 +66,10 @@ ffi::Error Dispatch(ffi::ThreadPool pool, std::string_view call, int64_t key,
     if (entry == nullptr) return unresolved;
   }
   const Site& site = BaseSite(*entry);
+  if (!BuffersAsRegistered(site, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets))
+      [[unlikely]] {
+    return BuffersRefused(site, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets);
+  }
   const auto* native = std::get_if<NativeSite>(entry);
   // The common native call goes straight to the kernel (the checking mode
   // for unwritten outputs takes RunNative's way, which fills and checks).
@@ -105,7 +109,14 @@ ffi::Future DispatchAsync(ffi::ThreadPool pool, std::string_view call, int64_t k
     promise->SetError(std::move(unresolved));
     return future;
   }
-  auto frame = std::make_shared<OwnedFrame>(RawFrame::Args(args), RawFrame::Rets(rets));
+  const XLA_FFI_Args* raw_args = RawFrame::Args(args);
+  const XLA_FFI_Rets* raw_rets = RawFrame::Rets(rets);
+  if (!BuffersAsRegistered(*site, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets)) {
+    promise->SetError(
+        BuffersRefused(*site, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets));
+    return future;
+  }
+  auto frame = std::make_shared<OwnedFrame>(raw_args, raw_rets);
   pool.Schedule([site, frame, promise]() {
     void* const* pointers = frame->pointers.data();
     ffi::Error error = RunNative(*site, frame->n_in, pointers,

@@ -75,6 +75,16 @@ struct Site {
   // array has this many batch levels in front (equal to `levels` for a walk;
   // a whole call has levels 0).
   size_t valid_levels = 0;
+  // What XLA must hand every call (the description's avals, jaxbind/_sites.py's
+  // _buffer_types): per buffer (inputs, the validity operand, then outputs) its
+  // XLA dtype code, rank and dims. A call with other buffers (a program altered
+  // to pass other arrays than it describes) fails naming the op, before anything
+  // reads them (BuffersAsRegistered: a few integer compares per buffer).
+  std::vector<int64_t> types;
+  size_t n_args = 0, n_rets = 0;
+  // Leading dims XLA may split over devices (a partitionable batch): in every
+  // buffer alike, and at most their registered sizes.
+  size_t free_levels = 0;
 };
 
 // A Python callback, called as callable(out, args, kwargs_dump).
@@ -214,13 +224,24 @@ int64_t RegisterSite(int64_t key, std::string description, std::string name, nb:
                      nb::bytes kwargs_dump,
                      size_t levels, const std::vector<std::vector<int>>& in_masks,
                      uintptr_t native_address, nb::handle native_kwargs, size_t valid_levels,
-                     bool thread_safe);
+                     bool thread_safe, const std::vector<int64_t>& types, size_t n_args,
+                     size_t n_rets, size_t free_levels);
 void ReleaseSite(int64_t serial);
 // The Python site a dispatch calls now, its references in `refs` (with the
 // GIL): `site`, or the site made anew for `key` if `site` was released (the
 // program outlived its holders); null with `error` set if none can be.
 const PythonSite* HoldPythonSite(const PythonSite* site, int64_t key, std::string_view call,
                                  PythonRefs* refs, std::string* error);
+
+// ---- The buffers of a call (buffers.cc) -------------------------------------
+
+void SetBufferTypes(Site& site, const std::vector<int64_t>& types, size_t n_args, size_t n_rets,
+                    size_t free_levels);
+inline bool BuffersAsRegistered(const Site& site, size_t n_in, void* const* ins, size_t n_out,
+                                void* const* outs);
+__attribute__((noinline)) ffi::Error BuffersRefused(const Site& site, size_t n_in,
+                                                    void* const* ins, size_t n_out,
+                                                    void* const* outs);
 
 // ---- The GIL and shutdown (gil.cc) ------------------------------------------
 

@@ -139,11 +139,17 @@ bool CallWithDescription(PyObject* fn, int64_t key, std::string_view call, std::
 // another process (jax.export), or one whose op was freed. Python finds the op
 // the description names among those this process defined, or explains why not;
 // nothing else can be called.
+// The op the resolver found can be freed as it returns (its last other user let it go
+// meanwhile, on another thread: the resolver's own reference was the last), and the site with
+// it: the resolver then runs again, with the ops that live now.
 const AnySite* ResolveSite(int64_t key, std::string_view call, std::string* error) {
-  if (!CallWithDescription(g_resolver, key, call, error)) return nullptr;
-  const AnySite* site = LookupSite(key);
-  if (site == nullptr) *error = "jaxbind: internal error: the resolver registered no site";
-  return site;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (!CallWithDescription(g_resolver, key, call, error)) return nullptr;
+    if (const AnySite* site = LookupSite(key)) return site;
+  }
+  *error = "jaxbind: the program's call site was released as soon as it was made, three times: the "
+           "op it names was freed each time (keep the op alive while its programs run)";
+  return nullptr;
 }
 
 bool CheckProgramSite(int64_t key, std::string_view call, std::string* error) {
@@ -187,7 +193,8 @@ int64_t RegisterSite(int64_t key, std::string description, std::string name, nb:
                      nb::bytes kwargs_dump,
                      size_t levels, const std::vector<std::vector<int>>& in_masks,
                      uintptr_t native_address, nb::handle native_kwargs, size_t valid_levels,
-                     bool thread_safe) {
+                     bool thread_safe, const std::vector<int64_t>& types, size_t n_args,
+                     size_t n_rets, size_t free_levels) {
   if (key <= 0) throw nb::value_error("a call-site key is positive");
   std::unique_ptr<AnySite> entry;
   if (native_address != 0) {
@@ -208,6 +215,7 @@ int64_t RegisterSite(int64_t key, std::string description, std::string name, nb:
   site.description = std::move(description);
   site.key = key;
   SetLayout(site, levels, in_masks, valid_levels);
+  SetBufferTypes(site, types, n_args, n_rets, free_levels);
   // A key still bound to a live site is taken over: Python registers a key
   // only when no handle holds it, so that site's handle is going and its
   // release (a weak reference's callback, not run yet) marks it dead later.

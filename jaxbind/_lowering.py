@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _programs  # noqa: F401  (sets the core's program check and resolver before a program runs)
-from ._batch_types import Batch, as_batch
+from ._batch_types import Batch
 from ._definition import JaxbindError, Role
 from ._jax_compat import (
     add_keepalive,
@@ -23,7 +23,7 @@ from ._jax_compat import (
 )
 from ._kwargs import Kwargs
 from ._runtime import ASYNC_TARGET, TARGET
-from ._sites import check_exportable, describe, site_for
+from ._sites import check_exportable, describe, partitioned_levels, site_for
 
 _ffi_lowerings = {target: jax.ffi.ffi_lowering(target) for target in (TARGET, ASYNC_TARGET)}
 
@@ -89,9 +89,8 @@ def _operand_output_aliases(ctx, role: Role) -> dict:
 def jaxbind_lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
     target = ASYNC_TARGET if getattr(role.callback, "concurrent", False) else TARGET
     jax_callback = role.op.jax_callback  # jaxbind.pure_callback's: placed as jax.pure_callback is
-    pinned = jax_callback is not None and jax_callback.sharding is not None
     # A batch XLA may split over devices, unless the callback is pinned to one device.
-    levels = 0 if pinned else as_batch(batch).partitionable_levels()
+    levels = partitioned_levels(role, batch)
     padded = _padded_levels(ctx, levels)
     avals_in = tuple(ctx.avals_in)
     if padded:  # padding elements must never reach the callback

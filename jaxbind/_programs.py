@@ -18,14 +18,16 @@ import hmac
 import json
 
 import jax
+import numpy as np
 
 from . import _sites, _trampoline
-from ._batch_types import batch_from_description
-from ._definition import JaxbindError, OpDef, Role
+from ._batch_types import SelfBatch, WalkBatch, as_batch, batch_from_description
+from ._definition import JaxbindError, OpDef, Role, dtype_name
 from ._kwargs import Kwargs
 from ._sites import RESOLVED_KEPT, SCHEMA, SiteHandle
+from ._user_abstract import check_input_dtypes
 
-__all__ = ["check_program", "resolve"]
+__all__ = ["check_avals", "check_program", "resolve"]
 
 
 def check_program(key: int, text: str) -> None:
@@ -83,17 +85,25 @@ def resolve(key: int, text: str) -> None:
             f"jaxbind {label}: the program's call-site key does not match its description: the program was altered."
         )
     definition = _find_definition(name, description)
+    with _sites._lock:
+        made = _sites._made_here.get(key)
+    # The description is this process's own when it is the one it registered this key for
+    # (compared by a digest keyed with this process's secret): its kwargs' bytes are then read as
+    # the op wrote them, else as plain data only.
+    ours = made is not None and hmac.compare_digest(made, _sites._secret_digest(text))
+    if definition.jax_callback is not None and not ours:
+        raise JaxbindError(
+            f"jaxbind {label}: the program calls a function given to jaxbind.pure_callback, which "
+            "a program made elsewhere may not run (it would run that function, found by its name, on "
+            "inputs of the program's choosing; jaxbind.export refuses such programs the same way). "
+            "Bind the function as an op (jaxbind.get_nonlinear_call(..., name=...)), define it here "
+            "and export the program again."
+        )
     structure = _sites._structure(definition)
     if description.get("def") != structure:
-        theirs = description.get("def")
-        theirs = theirs if isinstance(theirs, dict) else {}
-        differs = ", ".join(
-            f"{field} ({theirs.get(field)!r:.80} there, {structure[field]!r} here)"
-            for field in structure
-            if theirs.get(field) != structure[field]
-        )
         raise JaxbindError(
-            f"jaxbind {label}: the program was made with a different op of this name: {differs}. "
+            f"jaxbind {label}: the program was made with a different op of this name: "
+            f"{_differing_fields(description.get('def'), structure)}. "
             "Define the op here as it was defined where the program was made."
         )
     role, batch, padded, avals_in, avals_out = _call_of(description, definition, label)
@@ -101,12 +111,9 @@ def resolve(key: int, text: str) -> None:
         dump = base64.b64decode(description["kwargs"], validate=True)
     except ValueError:
         raise JaxbindError(f"jaxbind {label}: the program's kwargs are not base64: was it altered?") from None
-    with _sites._lock:
-        made = _sites._made_here.get(key)
-    # The bytes are this process's own when the description is the one it registered this key
-    # for (compared by a digest keyed with this process's secret); else plain data only.
-    ours = made is not None and hmac.compare_digest(made, _sites._secret_digest(text))
     kwargs = Kwargs.from_program(dump, _shown(name), ours)
+    if not ours:  # (this process's own description: its avals are what the op's abstract gave here)
+        check_avals(role, batch, avals_in, avals_out, kwargs)
     with _sites._lock:
         handle = _sites._live.get(key)
         if handle is None:
@@ -118,6 +125,20 @@ def resolve(key: int, text: str) -> None:
                     "was the program altered?"
                 ) from None
         definition.keep_resolved(key, handle, RESOLVED_KEPT)
+
+
+def _differing_fields(theirs, structure: dict) -> str:
+    """The fields in which a program's op structure differs from this process's, each side shown."""
+    if not isinstance(theirs, dict):
+        return f"its structure is {theirs!r:.80}, not a mapping of fields"
+    absent = object()
+    shown = lambda value: "absent" if value is absent else f"{value!r:.80}"  # noqa: E731
+    fields = list(structure) + sorted(str(f) for f in theirs if f not in structure)
+    return ", ".join(
+        f"{field} ({shown(theirs.get(field, absent))} there, {shown(structure.get(field, absent))} here)"
+        for field in fields
+        if theirs.get(field, absent) != structure.get(field, absent)
+    )
 
 
 def _call_of(description: dict, definition: OpDef, label: str):
@@ -133,8 +154,8 @@ def _call_of(description: dict, definition: OpDef, label: str):
         padded = description["padded"]
         if not isinstance(padded, bool):
             raise TypeError("'padded' is not true or false")
-        if padded and batch is None:
-            raise ValueError("a padded call has no batch")
+        if padded and (batch is None or not batch.partitionable_levels()):
+            raise ValueError("a padded call has no batch that XLA may split")
         avals_in = tuple(jax.core.ShapedArray(tuple(s), _sites._dtype_of(t)) for s, t in description["in"])
         avals_out = tuple(jax.core.ShapedArray(tuple(s), _sites._dtype_of(t)) for s, t in description["out"])
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
@@ -142,6 +163,64 @@ def _call_of(description: dict, definition: OpDef, label: str):
             f"jaxbind {label}: the program's description of the call is not valid ({err}); was the program altered?"
         ) from None
     return role, batch, padded, avals_in, avals_out
+
+
+def _typed(avals) -> str:
+    """Avals as messages show them (a forged description's may be many: cut at 200 characters)."""
+    text = ", ".join(f"{dtype_name(a.dtype)}{list(a.shape)}" for a in avals[:20]) or "none"
+    return text if len(text) <= 200 and len(avals) <= 20 else text[:197] + "..."
+
+
+def check_avals(role: Role, batch, avals_in, avals_out, kwargs: Kwargs) -> None:
+    """Refuse a program's call whose output avals are not what the op's abstract gives for its inputs.
+
+    The abstract runs as the op's abstract evaluation runs it (``output_shapes``
+    of the call's batch kind: the whole batch of a walk, the ``batch_axes`` of a
+    self-batched call), on the description's input avals and kwargs. What the
+    compiled core then checks at each call is that XLA's buffers are these
+    avals (``_sites._buffer_types``): no kernel or callback sees other buffers.
+    """
+    kind = as_batch(batch)
+    n = len(avals_in)
+    if isinstance(kind, WalkBatch) and (
+        len(kind.masks) != n or any(a.ndim < kind.batch_dims(role, m) for a, m in zip(avals_in, kind.masks))
+    ):
+        layout = "batch masks" if len(kind.masks) != n else "batch levels"
+        raise JaxbindError(
+            f"jaxbind {role.label}: the program's description gives {n} input(s) ({_typed(avals_in)}) "
+            f"and {layout} that do not fit them: the program was altered and is refused."
+        )
+    if isinstance(kind, SelfBatch) and len(kind.in_axes) != n:
+        raise JaxbindError(
+            f"jaxbind {role.label}: the program's description gives {n} input(s) and batch axes for "
+            f"{len(kind.in_axes)}: the program was altered and is refused."
+        )
+    try:
+        check_input_dtypes(role, avals_in)
+        expected = kind.output_shapes(role, avals_in, kwargs)
+    except Exception as err:  # the op's own abstract (user code) refuses the program's inputs
+        raise JaxbindError(
+            f"jaxbind {role.label}: the program calls it on {_typed(avals_in)}, which the op here "
+            f"refuses ({str(err)[:300]}): the program was made with another op of this name, or "
+            "altered, and is refused. Define the op here as where the program was made."
+        ) from None
+    if len(expected) != len(avals_out):
+        raise JaxbindError(
+            f"jaxbind {role.label}: the program expects {len(avals_out)} output(s) ({_typed(avals_out)}), "
+            f"but the op's abstract gives {len(expected)} for inputs {_typed(avals_in)}: the program was "
+            "made with another op of this name, or altered, and is refused. Define the op here as "
+            "where the program was made."
+        )
+    for k, ((shape, dtype), aval) in enumerate(zip(expected, avals_out)):
+        if tuple(shape) != tuple(aval.shape) or np.dtype(dtype) != np.dtype(aval.dtype):
+            raise JaxbindError(
+                f"jaxbind {role.label}: the program expects output {k} as "
+                f"{dtype_name(aval.dtype)}{list(aval.shape)}, but the op's abstract gives "
+                f"{dtype_name(dtype)}{list(shape)} for inputs {_typed(avals_in)} and the program's "
+                "kwargs: the program was made with another op of this name (another abstract), or "
+                "altered, and is refused before anything runs. Define the op here as where the "
+                "program was made, or export the program again."
+            )
 
 
 def _read(text: str) -> dict:

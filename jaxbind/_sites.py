@@ -61,6 +61,7 @@ from ._batch_types import as_batch
 from ._definition import JaxbindError, OpDef, Role, dtype_name
 from ._kwargs import Kwargs, kernel_kwargs
 from ._native import NativeKernel
+from ._runtime import SUPPORTED_DTYPES
 from ._state import StatefulCallback, setup_inputs
 
 __all__ = ["RESOLVED_KEPT", "SCHEMA", "SiteHandle", "key_of", "register_definition", "site_for"]
@@ -268,22 +269,57 @@ def _register(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded, ke
     batch_axes = kind.callback_batch_axes
     layout = kind.site_layout(role)
     valid_levels = batch.levels if padded else 0
+    types = _buffer_types(role, batch, avals_in, avals_out, padded)
     if isinstance(callback, NativeKernel):
         entries = kernel_kwargs(kwargs.values, role.label, batch_axes, len(avals_in), can_batch, callback)
         address = callback.address_for(avals_in, avals_out, kwargs.values)
         dump = b""
-        serial = _trampoline.register_site(key, text, role.label, None, dump, *layout, address, entries, valid_levels)
+        serial = _trampoline.register_site(
+            key, text, role.label, None, dump, *layout, address, entries, valid_levels, False, *types
+        )
     else:
         dump = kwargs.with_values(batch_axes=batch_axes).dump if can_batch else kwargs.dump
         if isinstance(callback, StatefulCallback):  # called with the state for its leading inputs
             callback = callback.bind(setup_inputs(role, len(avals_in)), can_batch)
         serial = _trampoline.register_site(
-            key, text, role.label, callback, dump, *layout, 0, [], valid_levels, role.op.thread_safe
+            key, text, role.label, callback, dump, *layout, 0, [], valid_levels, role.op.thread_safe, *types
         )
     handle = SiteHandle(serial, key, text, callback, dump)
     _owners[serial] = weakref.ref(handle, functools.partial(_handle_gone, serial))
     _live[key] = handle
     return handle
+
+
+def partitioned_levels(role: Role, batch) -> int:
+    """The leading dims of a call's arrays that XLA may split over devices (see ``_lowering``)."""
+    jax_callback = role.op.jax_callback  # jaxbind.pure_callback's, pinned to a device: never split
+    if jax_callback is not None and jax_callback.sharding is not None:
+        return 0
+    return as_batch(batch).partitionable_levels()
+
+
+def _buffer_types(role: Role, batch, avals_in, avals_out, padded: bool):
+    """What XLA must hand each call of a site: (types, inputs, outputs, free leading dims).
+
+    ``types`` is flat: per buffer (the inputs, the validity operand of a padded
+    batch, then the outputs) its XLA dtype code, rank and dims. The compiled
+    core fails a call whose buffers differ (a program altered to describe
+    other arrays than it passes); only the ``free`` leading dims, those XLA
+    may split over devices, may be smaller, alike in every buffer.
+    """
+    free = partitioned_levels(role, batch)
+    avals = list(avals_in)
+    if padded:  # as _lowering._validity makes it
+        shape = tuple(avals_out[0].shape[:free]) + (1,)
+        avals.append(jax.core.ShapedArray(shape, np.int32 if max(shape) < 2**31 else np.int64))
+    types = []
+    for aval in (*avals, *avals_out):
+        dtype = np.dtype(bool) if aval.dtype == jax.dtypes.float0 else np.dtype(aval.dtype)  # (XLA's PRED)
+        code = SUPPORTED_DTYPES.get(dtype)
+        if code is None:
+            raise ValueError(f"dtype {dtype_name(aval.dtype)} cannot reach a callback")
+        types += [code, len(aval.shape), *map(int, aval.shape)]
+    return types, len(avals), len(avals_out), free
 
 
 def check_exportable(role: Role) -> None:
