@@ -1,0 +1,34 @@
+"""The process that runs programs made elsewhere (test_program_kwargs.py runs it in a subprocess):
+
+    python _program_kwargs_job.py DIR    for each DIR/*.bin, in name order, deserialize the program
+                                         (made by another process) and call it on ones(4, f32)
+
+It defines the op the programs call ('kwargs_reader', as _forging.reader), and prints a JSON line
+per program: {"case", "out", "seen"} (the output and the kwargs the callback read) or
+{"case", "refused"} (the error's message).
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _forging
+import jax
+import jax.export
+import jax.numpy as jnp
+
+seen = []
+op = _forging.reader(seen)
+folder = sys.argv[1]
+for name in sorted(os.listdir(folder)):
+    with open(os.path.join(folder, name), "rb") as file:
+        program = jax.export.deserialize(bytearray(file.read()))
+    seen.clear()
+    try:
+        out = program.call(jnp.ones(4, jnp.float32))
+        line = {"case": name, "out": [float(v) for v in out], "seen": list(seen)}
+    except Exception as err:
+        line = {"case": name, "refused": str(err)}
+    print(json.dumps(line), flush=True)
