@@ -1,7 +1,7 @@
 """The process that runs programs made elsewhere (test_program_kwargs.py runs it in a subprocess):
 
-    python _program_kwargs_job.py DIR    for each DIR/*.bin, in name order, deserialize the program
-                                         (made by another process) and call it on ones(4, f32)
+    python _program_kwargs_job.py DIR NAME...   for each program DIR/NAME, in turn, deserialize it
+                                                (made by another process), call it on ones(4, f32)
 
 It defines the op the programs call ('kwargs_reader', as _forging.reader), and prints a JSON line
 per program: {"case", "out", "seen"} (the output and the kwargs the callback read) or
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 seen = []
 op = _forging.reader(seen)
 folder = sys.argv[1]
-for name in sorted(os.listdir(folder)):
+for name in sys.argv[2:]:
     with open(os.path.join(folder, name), "rb") as file:
         program = jax.export.deserialize(bytearray(file.read()))
     seen.clear()
