@@ -5,18 +5,15 @@ kernel gets (:func:`kernel_kwargs`)."""
 
 from __future__ import annotations
 
-import collections
 import io
-import itertools
 import numbers
 import pickle
-import pickletools
 from typing import Any
 
 import jax
 import numpy as np
 
-from . import _trampoline
+from . import _plain_data, _trampoline
 from ._definition import JaxbindError
 
 __all__ = [
@@ -119,7 +116,16 @@ def _canonical_dumps(values) -> bytes:
 
 
 def _contains_tracer(value: Any) -> bool:
-    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(value))
+    # A dict's values are walked here, not by JAX: JAX sorts a dict's keys to flatten it, and keys
+    # of mixed types ({1: 'a', 'b': 2}, a fine kwarg) do not sort.
+    stack = [value]
+    while stack:
+        for leaf in jax.tree_util.tree_leaves(stack.pop(), is_leaf=lambda v: isinstance(v, dict)):
+            if isinstance(leaf, dict):
+                stack.extend(leaf.values())
+            elif isinstance(leaf, jax.core.Tracer):
+                return True
+    return False
 
 
 class Kwargs:
@@ -215,6 +221,8 @@ _UNCHANGING = (int, float, complex, str, bytes, type(None), np.generic, np.dtype
 def _cannot_change(value) -> bool:
     if isinstance(value, (tuple, frozenset)):
         return all(map(_cannot_change, value))
+    if isinstance(value, slice):  # (which may hold a list)
+        return all(map(_cannot_change, (value.start, value.stop, value.step)))
     return isinstance(value, _UNCHANGING) and not isinstance(value, np.void)
 
 
@@ -237,143 +245,22 @@ def _short_repr(value) -> str:
 # Kwargs from a program made elsewhere
 # ---------------------------------------------------------------------------
 
-# What kwargs read from a program may be made of: plain data, never a callable of the program's
-# choosing, and nothing that allocates from a count the program gives (a forged program's 53
-# bytes once made ``bytearray(2**31)``). Bytes, strings and arrays come from the program's own
-# bytes; the constructors below are wrapped to take only what the pickler writes for plain data.
-
-
-def _members(kind):
-    def build(items=()):
-        if type(items) not in (list, tuple):  # (a range would make a set as large as it says)
-            raise pickle.UnpicklingError(f"{kind.__name__} of a {type(items).__name__}")
-        return kind(items)
-
-    return build
-
-
-def _ordered_dict():  # (its items follow as SETITEMS, from the program's bytes)
-    return collections.OrderedDict()
-
-
-class _NdarrayClass:
-    """Stands for ``numpy.ndarray`` in a program's kwargs: only ``_reconstruct`` may take it."""
-
-
-def _reconstruct(cls, shape, dtype):
-    # NumPy pickles an array as an empty one, whose state (shape, data) BUILD then sets from the
-    # program's bytes; any other shape would allocate what the program says.
-    if cls is not _NdarrayClass or tuple(shape) != (0,) or dtype != b"b":
-        raise pickle.UnpicklingError("numpy._reconstruct of anything but an empty array")
-    return np.ndarray.__new__(np.ndarray, (0,), "b")
-
-
-_NUMPY_MODULES = (
-    "numpy",
-    "numpy.core.multiarray",
-    "numpy._core.multiarray",
-    "numpy.core.numeric",
-    "numpy._core.numeric",
-)
-_PLAIN_GLOBALS = {
-    ("builtins", "complex"): complex,
-    ("builtins", "slice"): slice,
-    ("builtins", "range"): range,
-    ("builtins", "set"): _members(set),
-    ("builtins", "frozenset"): _members(frozenset),
-    ("collections", "OrderedDict"): _ordered_dict,
-    **{(module, "_reconstruct"): _reconstruct for module in _NUMPY_MODULES},
-    **{(module, "ndarray"): _NdarrayClass for module in _NUMPY_MODULES},
-    **{(module, "dtype"): np.dtype for module in _NUMPY_MODULES},
-    **{
-        (module, "scalar"): getattr(np, "_core", getattr(np, "core", None)).multiarray.scalar
-        for module in _NUMPY_MODULES
-    },
-    **{
-        (module, "_frombuffer"): getattr(np, "_core", getattr(np, "core", None)).numeric._frombuffer
-        for module in _NUMPY_MODULES
-    },
-}
-
-# The opcodes pickle writes for such data. Left out: persistent ids and the extension registry
-# (objects found by a number), INST/OBJ/NEWOBJ (an instance of any class) and out-of-band buffers.
-# Not formatted: a table read by kind, a row per kind.
-# fmt: off
-_PLAIN_OPCODES = frozenset({
-    "PROTO", "FRAME", "STOP", "MARK", "POP", "POP_MARK", "DUP", "NONE", "NEWTRUE", "NEWFALSE",
-    "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
-    "STRING", "BINSTRING", "SHORT_BINSTRING", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8",
-    "BYTEARRAY8", "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8",
-    "EMPTY_LIST", "APPEND", "APPENDS", "LIST", "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3",
-    "EMPTY_DICT", "DICT", "SETITEM", "SETITEMS", "EMPTY_SET", "ADDITEMS", "FROZENSET",
-    "GET", "BINGET", "LONG_BINGET", "PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE",
-    "GLOBAL", "STACK_GLOBAL", "REDUCE", "BUILD",
-})
-# fmt: on
-_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
-MAX_PROGRAM_KWARGS_DEPTH = 100  # containers in containers, in a program's kwargs
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        found = _PLAIN_GLOBALS.get((module, name))
-        if found is None:
-            raise pickle.UnpicklingError(f"{module}.{name}")
-        return found
-
-
-def _check_opcodes(dump: bytes) -> None:
-    """Refuse a pickle that uses more than plain data's opcodes, or memo slots it never filled.
-
-    Read before unpickling, by the standard library's pure-Python opcode reader, which never
-    allocates what an opcode's count says: CPython's unpickler allocates a counted string before
-    it checks that the bytes are there, and a memo index sizes its memo table.
-    """
-    for n, (opcode, arg, _) in enumerate(pickletools.genops(dump)):
-        if opcode.name not in _PLAIN_OPCODES:
-            raise pickle.UnpicklingError(f"opcode {opcode.name}")
-        if opcode.name in _PUTS and not 0 <= arg <= n:
-            raise pickle.UnpicklingError(f"memo index {arg} at opcode {n}")
-
-
-def _check_size(values, budget: int) -> None:
-    """Refuse values deeper than MAX_PROGRAM_KWARGS_DEPTH or with more than ``budget`` items, each
-    counted as often as it is reached (a value shared k times is read, pickled and copied k
-    times: a few bytes that refer to themselves over and over would expand without end)."""
-    stack, count = [(values, 0)], 0
-    while stack:
-        value, depth = stack.pop()
-        count += 1
-        if count > budget:
-            raise pickle.UnpicklingError(f"they expand to more than {budget} values (parts of them repeat themselves)")
-        if depth > MAX_PROGRAM_KWARGS_DEPTH:
-            raise pickle.UnpicklingError(f"they nest more than {MAX_PROGRAM_KWARGS_DEPTH} levels deep")
-        kind = type(value)
-        if kind in (list, tuple, set, frozenset):
-            children = value
-        elif kind in (dict, collections.OrderedDict):
-            children = itertools.chain(value.keys(), value.values())
-        elif kind is np.ndarray and value.dtype.hasobject:
-            children = value.ravel().tolist() if value.dtype.names is None else ()
-        else:
-            continue
-        stack.extend((child, depth + 1) for child in children)
+# What kwargs read from a program may be made of: plain data, read by our own reader of pickle's
+# opcodes, bounded in size and in work by the program's bytes (_plain_data).
 
 
 def load_plain(dump: bytes, label: str) -> dict:
     """Kwargs from a program's bytes, built only from plain data types, of a size the bytes bound."""
     try:
-        _check_opcodes(dump)
-        values = _PlainUnpickler(io.BytesIO(dump)).load()
-        if not isinstance(values, dict):
-            raise pickle.UnpicklingError("not a dict")
-        _check_size(values, budget=len(dump) + 64)
+        values = _plain_data.load(dump, budget=len(dump) + 64)
+        if type(values) is not dict or not all(type(name) is str for name in values):
+            raise pickle.UnpicklingError("not a dict of names")
     except Exception as err:
         raise JaxbindError(
             f"jaxbind {label}: the program's kwargs cannot be read here ({type(err).__name__}: "
             f"{str(err)[:200]}): kwargs travel in a serialized program only as plain data (numbers, "
             "strings, bools, None, lists, tuples, dicts, sets and NumPy arrays or scalars), at most "
-            f"{MAX_PROGRAM_KWARGS_DEPTH} levels deep."
+            f"{_plain_data.MAX_DEPTH} levels deep."
         ) from None
     return values
 
