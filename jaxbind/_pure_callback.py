@@ -262,6 +262,25 @@ def _write_results(name, out, result, leaves):
         o[...] = r
 
 
+def _flatten_arguments(args, kwargs, name):
+    """The arguments' leaves and structure, or an error naming the argument JAX cannot flatten."""
+    try:
+        return jax.tree_util.tree_flatten((args, kwargs))
+    except (TypeError, ValueError) as err:
+        named = [*(f"argument {i}" for i in range(len(args))), *(f"keyword argument '{k}'" for k in kwargs)]
+        for label, value in zip(named, (*args, *kwargs.values())):
+            try:
+                jax.tree_util.tree_flatten(value)
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"jaxbind.{name}: {label} is a pytree JAX cannot flatten ({err}); a dict's keys must "
+                    "be of one sortable type (not 1 and 'b' together). The arguments of pure_callback are "
+                    "arrays passed to the function, as with jax.pure_callback: close over other values "
+                    "(functools.partial(f, table=table)) instead."
+                ) from None
+        raise
+
+
 def _eager(callback, flat_args, in_tree, specs, out_tree):
     """Outside any trace, as JAX does: the callback gets jax Arrays on a CPU device, and its
     failure is a ``JaxRuntimeError`` with the jitted call's text, logged as JAX logs it."""
@@ -381,8 +400,8 @@ def pure_callback(
         )
     if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
         raise TypeError(f"jaxbind.pure_callback: sharding must be a jax.sharding.Sharding, got {sharding!r:.100}")
-    flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
     name = _name_of(callback)
+    flat_args, in_tree = _flatten_arguments(args, kwargs, name)
     check_arguments(flat_args, args, kwargs, name)
     flat_specs, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
     specs = tuple(check_spec(s, i, name) for i, s in enumerate(flat_specs))

@@ -204,3 +204,20 @@ def test_other_arguments_that_are_not_arrays_are_refused_by_name():
         with pytest.raises(TypeError) as info:
             jaxbind.pure_callback(echo, spec, *args, **kwargs)
         assert str(info.value).startswith(f"jaxbind.pure_callback(echo): {where};")
+
+
+def test_a_dict_with_keys_of_mixed_types_is_named_and_works_closed_over():
+    table = {1: 2.0, "b": 3.0}
+    x = jnp.arange(3.0)
+    spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+    def scaled(v, table):
+        return v * table[1] + table["b"]
+
+    with pytest.raises(ValueError, match="Comparator"):  # the reference: JAX cannot flatten it either
+        jax.pure_callback(scaled, spec, x, table=table)
+    with pytest.raises(TypeError, match=r"pure_callback\(.*scaled\): keyword argument 'table' is a pytree"):
+        jaxbind.pure_callback(scaled, spec, x, table=table)
+    closed = {name: jax.jit(lambda v, api=api: api(lambda w: scaled(w, table), spec, v)) for name, api in APIS.items()}
+    np.testing.assert_allclose(closed["jaxbind"](x), closed["jax"](x))
+    np.testing.assert_allclose(closed["jaxbind"](x), x * 2.0 + 3.0)
