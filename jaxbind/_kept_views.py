@@ -131,9 +131,9 @@ def _measure_unkept() -> int:
 
 
 def _measure_by_item() -> int:
-    """What ``getrefcount(container[i])`` says of an object only that container holds (an item's
-    reference is always the caller's own, borrowed by no interpreter): measured all the same."""
-    lone = [object()]
+    """What ``getrefcount(items[i])`` says of an object only the tuple ``items`` holds (an item's
+    reference is the caller's own, borrowed by no interpreter so far): measured all the same."""
+    lone = (object(),)
     return getrefcount(lone[0])
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import sys
 import threading
 import types
 import weakref
@@ -34,7 +35,7 @@ import numpy as np
 
 from ._definition import CallbackKind, Family, JaxCallback, OpDef, OpKind
 from ._jax_compat import at_top_level, canonicalize_dtype, lru_cleared_with_jax_caches
-from ._kept_views import UNKEPT, give_copies, held, own_copy
+from ._kept_views import BY_ITEM, UNKEPT, give_copies, held, own_copy
 from ._op import Op
 from ._pure_callback_checks import check_arguments, check_spec, dtype_named
 from ._runtime import format_callback_error
@@ -42,6 +43,7 @@ from ._vmap_methods import DOOR_PURE_CALLBACK, accepted, named
 
 __all__ = ["pure_callback"]
 
+getrefcount = sys.getrefcount
 copyto = np.copyto
 # JAX's record of a failing callback, which code filters by logger and text (Equinox does).
 _jax_log = logging.getLogger("jax._src.callback")
@@ -205,8 +207,15 @@ def _make_run(callback, in_tree, name):
             a = k = result = None
             # An input held by more than its tuple and our view (its base) is held by a view
             # derived from ours, since NumPy points every view of a view at the first array with
-            # no base. (The counts are read by one function, whose baseline is measured: UNKEPT.)
-            if held(args, UNKEPT + 1):
+            # no base. The counts' baselines are measured (_kept_views): one input's are read
+            # through its tuple's item, the common case's fast path.
+            if n_args == 1:
+                if getrefcount(args[0]) > BY_ITEM + 1:
+                    mine = None
+                    _keep_values(args)
+                elif getrefcount(mine[0]) > BY_ITEM:
+                    own_copy(mine[0])
+            elif held(args, UNKEPT + 1):
                 mine = None
                 _keep_values(args)
             else:

@@ -30,19 +30,20 @@ def test_the_baseline_is_what_the_interpreter_counts_of_an_object_only_a_tuple_h
     assert also  # (alive until here)
 
 
+@pytest.mark.parametrize("n_args", [1, 2])  # (one input takes a path of its own)
 @pytest.mark.parametrize("fails", [False, True], ids=["returns", "raises"])
 @pytest.mark.parametrize("what", ["input", "derived view"])
-def test_a_kept_input_or_view_keeps_its_values_whether_the_callback_returns_or_raises(fails, what):
+def test_a_kept_input_or_view_keeps_its_values_whether_the_callback_returns_or_raises(fails, what, n_args):
     def run(api):
         kept = []
 
-        def cb(v):
+        def cb(v, *more):
             kept.append(v if what == "input" else v[1:].reshape(1, -1))
             if fails:
                 raise ValueError("no")
             return v
 
-        f = jax.jit(lambda v: api(cb, like(v), v))
+        f = jax.jit(lambda v: api(cb, like(v), v, *[v + 1.0] * (n_args - 1)))
         for k in range(3):
             try:
                 f(jnp.full(4, float(k))).block_until_ready()
@@ -56,21 +57,22 @@ def test_a_kept_input_or_view_keeps_its_values_whether_the_callback_returns_or_r
     assert len(run(pc)) == 3
 
 
+@pytest.mark.parametrize("n_args", [1, 2])
 @pytest.mark.parametrize("fails", [False, True], ids=["returns", "raises"])
-def test_a_callback_that_keeps_nothing_is_never_searched_for_kept_views(monkeypatch, fails):
+def test_a_callback_that_keeps_nothing_is_never_searched_for_kept_views(monkeypatch, fails, n_args):
     searched = []
     monkeypatch.setattr(_pure_callback, "_keep_values", lambda views: searched.append(len(views)))
 
-    def cb(v, w):
+    def cb(v, *more):
         if fails:
             raise ValueError("no")
-        return v * w
+        return v * 2.0
 
-    f = jax.jit(lambda v, w: pc(cb, like(v), v, w))
+    f = jax.jit(lambda v: pc(cb, like(v), v, *[v] * (n_args - 1)))
     x = jnp.arange(5.0)
     for _ in range(3):
         try:
-            np.testing.assert_allclose(f(x, x), x * x)
+            np.testing.assert_allclose(f(x), x * 2.0)
         except Exception:
             assert fails
     assert searched == []  # (a baseline one too low takes every call for a kept one)
