@@ -42,10 +42,6 @@ def description_of(program) -> dict:
 def forged(program, description: dict) -> bytes:
     """``program`` serialized with its one jaxbind call's description replaced by ``description``
     (under the key that description's digest gives, as an attacker computes it)."""
-    from jax._src.export import _export
-    from jax._src.interpreters import mlir
-    from jax._src.lib.mlir import ir
-
     from jaxbind import _sites
 
     text = json.dumps(description, sort_keys=True, separators=(",", ":"))
@@ -55,6 +51,16 @@ def forged(program, description: dict) -> bytes:
 
     module_text, n = _CALL.subn(edit, program.mlir_module())
     assert n == 1
+    return serialized_with(program, module_text)
+
+
+def serialized_with(program, module_text: str) -> bytes:
+    """``program`` serialized with its module replaced by ``module_text`` (MLIR's text form), written
+    as bytecode by JAX's own tools, as a file from elsewhere would be."""
+    from jax._src.export import _export
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+
     with mlir.make_ir_context():
         module = ir.Module.parse(module_text)
         n_params = len(inspect.signature(_export._module_to_bytecode).parameters)

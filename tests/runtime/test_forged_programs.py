@@ -3,9 +3,7 @@ with JAX's own MLIR tools and serialized again. A program runs only what its des
 refused naming the op; what a program's kwargs may build, and how large, is bounded by its bytes."""
 
 import base64
-import dataclasses
 import gc
-import inspect
 import json
 import pickle
 import re
@@ -13,6 +11,7 @@ import resource
 import struct
 import threading
 
+import _forging
 import jax
 import jax.export  # (jax < 0.6 does not import it with jax)
 import jax.numpy as jnp
@@ -47,9 +46,6 @@ def _calls(exported):
 def _forged(exported, description=None, key=None):
     """``exported`` with its one jaxbind call's description and/or key replaced, serialized and
     deserialized again as a file from elsewhere would be."""
-    from jax._src.export import _export
-    from jax._src.interpreters import mlir
-    from jax._src.lib.mlir import ir
 
     def edit(match):
         text = match.group(1) if description is None else description.replace('"', "\\22")
@@ -57,13 +53,7 @@ def _forged(exported, description=None, key=None):
 
     text, n = _CALL.subn(edit, exported.mlir_module())
     assert n == 1
-    with mlir.make_ir_context():
-        module = ir.Module.parse(text)
-        n_params = len(inspect.signature(_export._module_to_bytecode).parameters)
-        extra = (jax.config.jax_use_shardy_partitioner,) if n_params == 2 else ()
-        blob = _export._module_to_bytecode(module, *extra)
-    forged = dataclasses.replace(exported, mlir_module_serialized=blob)
-    return jax.export.deserialize(forged.serialize())
+    return jax.export.deserialize(_forging.serialized_with(exported, text))
 
 
 def _live_key(name):
