@@ -234,7 +234,7 @@ _VALUES = [
     np.zeros(2, np.dtype([("a", "u1"), ("b", "f8")], align=True)),
     np.zeros(3, np.dtype({"names": ["a"], "formats": ["f4"], "titles": ["T"]})),
     np.zeros(2, np.dtype(("f4", (2, 3)))),
-    np.array([1], "m8"),
+    np.array([1], "m8[ms]"),
     np.array([1, 2], "M8[10s]"),
     np.array(3.0),
     np.zeros(2, [("x", [("y", "i2")])]),
