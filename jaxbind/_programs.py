@@ -132,7 +132,10 @@ def _differing_fields(theirs, structure: dict) -> str:
     if not isinstance(theirs, dict):
         return f"its structure is {theirs!r:.80}, not a mapping of fields"
     absent = object()
-    shown = lambda value: "absent" if value is absent else f"{value!r:.80}"  # noqa: E731
+
+    def shown(value) -> str:
+        return "absent" if value is absent else f"{value!r:.80}"
+
     fields = list(structure) + sorted(str(f) for f in theirs if f not in structure)
     return ", ".join(
         f"{field} ({shown(theirs.get(field, absent))} there, {shown(structure.get(field, absent))} here)"
