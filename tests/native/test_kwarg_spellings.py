@@ -94,6 +94,11 @@ def test_a_kind_written_as_a_string_is_refused(spelling):
     )
     with pytest.raises(TypeError, match="^" + re.escape(message)):
         jaxbind.native(LIB.jb_scale, kwargs={"alpha": spelling})
+
+
+@pytest.mark.parametrize("spelling", ["float", "list[int]", " Float"])
+def test_a_kind_written_as_a_string_is_refused_by_a_numba_kernel_too(spelling):
+    pytest.importorskip("numba")  # (no numba for the free-threaded build)
     with pytest.raises(TypeError, match=r"^jaxbind.numba_kernel: kwargs declares 'alpha' as the string"):
         jaxbind.numba_kernel(lambda out, args, kwargs: None, kwargs={"alpha": spelling})
 
