@@ -18,6 +18,7 @@ import sys
 import textwrap
 
 import _subprocesses
+import jax
 import pytest
 
 import jaxbind
@@ -94,5 +95,8 @@ def clients_alive_at_exit(tmp_path, wait: float, callback_seconds: float) -> lis
     ids=["callback outlives the wait", "the hook waits for it", "no callback left"],
 )
 def test_the_exit_hook_keeps_the_clients_when_a_callback_outlives_its_wait(tmp_path, wait, callback_seconds, kept):
+    reference = clients_alive_at_exit(tmp_path, 0.0, 0.0)  # no callback left: JAX's own exit frees them
+    if reference and all(reference):
+        pytest.skip(f"JAX {jax.__version__} keeps its clients past its exit hook: nothing to tell a kept one by")
     alive = clients_alive_at_exit(tmp_path, wait, callback_seconds)
     assert alive and alive == [kept] * len(alive)
