@@ -34,11 +34,11 @@ wheel=$(ls dist/jaxbind_ffi-*-manylinux*.whl)
 pip install "$wheel[test]" "jax==$oldest" "jaxlib==$oldest"
 
 # The tests and what they read besides the package (pyproject.toml's pytest settings, the guides a test
-# compares with), copied where no jaxbind/ source folder is.
+# compares with, the example kernels a test compiles), copied where no jaxbind/ source folder is.
 copy=$(mktemp -d)
 trap 'rm -rf "$copy"' EXIT
 cp -r tests pyproject.toml "$copy/"
-mkdir "$copy/docs" && cp -r docs/guides "$copy/docs/"
+mkdir "$copy/docs" && cp -r docs/guides docs/examples "$copy/docs/"
 cd "$copy"
 python - "$venv" "$oldest" "$oldest_python" <<'EOF'
 import sys, jax, jaxlib, jaxbind
