@@ -14,17 +14,15 @@ the op and says what to do.
 from __future__ import annotations
 
 import base64
-import hmac
 import json
 
-import jax
 import numpy as np
 
 from . import _sites, _trampoline
 from ._batch_types import SelfBatch, WalkBatch, as_batch, batch_from_description
 from ._definition import JaxbindError, OpDef, Role, dtype_name
 from ._kwargs import Kwargs
-from ._sites import RESOLVED_KEPT, SCHEMA, SiteHandle
+from ._sites import SCHEMA, SiteHandle
 from ._user_abstract import check_input_dtypes
 
 __all__ = ["check_avals", "check_program", "resolve"]
@@ -43,8 +41,7 @@ def check_program(key: int, text: str) -> None:
     """
     description = _read(text)
     name = _shown(description["op"])
-    with _sites._lock:
-        handle = _sites._live.get(key)
+    handle = _sites.live_site(key)
     if handle is not None and handle.description != text:
         raise JaxbindError(
             f"jaxbind op '{name}': the program names call site {key:#x}, which in this process "
@@ -85,12 +82,9 @@ def resolve(key: int, text: str) -> None:
             f"jaxbind {label}: the program's call-site key does not match its description: the program was altered."
         )
     definition = _find_definition(name, description)
-    with _sites._lock:
-        made = _sites._made_here.get(key)
-    # The description is this process's own when it is the one it registered this key for
-    # (compared by a digest keyed with this process's secret): its kwargs' bytes are then read as
-    # the op wrote them, else as plain data only.
-    ours = made is not None and hmac.compare_digest(made, _sites._secret_digest(text))
+    # The description is this process's own when it is the one it registered this key for: its
+    # kwargs' bytes are then read as the op wrote them, else as plain data only.
+    ours = _sites.made_here(key, text)
     if definition.jax_callback is not None and not ours:
         raise JaxbindError(
             f"jaxbind {label}: the program calls a function given to jaxbind.pure_callback, which "
@@ -99,11 +93,11 @@ def resolve(key: int, text: str) -> None:
             "Bind the function as an op (jaxbind.get_nonlinear_call(..., name=...)), define it here "
             "and export the program again."
         )
-    structure = _sites._structure(definition)
-    if description.get("def") != structure:
+    here = _sites.structure(definition)
+    if description.get("def") != here:
         raise JaxbindError(
             f"jaxbind {label}: the program was made with a different op of this name: "
-            f"{_differing_fields(description.get('def'), structure)}. "
+            f"{_differing_fields(description.get('def'), here)}. "
             "Define the op here as it was defined where the program was made."
         )
     role, batch, padded, avals_in, avals_out = _call_of(description, definition, label)
@@ -114,17 +108,12 @@ def resolve(key: int, text: str) -> None:
     kwargs = Kwargs.from_program(dump, _shown(name), ours)
     if not ours:  # (this process's own description: its avals are what the op's abstract gave here)
         check_avals(role, batch, avals_in, avals_out, kwargs)
-    with _sites._lock:
-        handle = _sites._live.get(key)
-        if handle is None:
-            try:
-                handle = _sites._register(role, kwargs, batch, avals_in, avals_out, padded, key, text)
-            except (TypeError, ValueError) as err:  # a layout the compiled core refuses
-                raise JaxbindError(
-                    f"jaxbind {label}: the program's description of the call is not valid ({err}); "
-                    "was the program altered?"
-                ) from None
-        definition.keep_resolved(key, handle, RESOLVED_KEPT)
+    try:
+        _sites.site_from_program(role, kwargs, batch, avals_in, avals_out, padded, key, text)
+    except (TypeError, ValueError) as err:  # a layout the compiled core refuses
+        raise JaxbindError(
+            f"jaxbind {label}: the program's description of the call is not valid ({err}); was the program altered?"
+        ) from None
 
 
 def _differing_fields(theirs, structure: dict) -> str:
@@ -159,8 +148,7 @@ def _call_of(description: dict, definition: OpDef, label: str):
             raise TypeError("'padded' is not true or false")
         if padded and (batch is None or not batch.partitionable_levels()):
             raise ValueError("a padded call has no batch that XLA may split")
-        avals_in = tuple(jax.core.ShapedArray(tuple(s), _sites._dtype_of(t)) for s, t in description["in"])
-        avals_out = tuple(jax.core.ShapedArray(tuple(s), _sites._dtype_of(t)) for s, t in description["out"])
+        avals_in, avals_out = _sites.avals_of(description["in"]), _sites.avals_of(description["out"])
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
         raise JaxbindError(
             f"jaxbind {label}: the program's description of the call is not valid ({err}); was the program altered?"
@@ -181,7 +169,7 @@ def check_avals(role: Role, batch, avals_in, avals_out, kwargs: Kwargs) -> None:
     of the call's batch kind: the whole batch of a walk, the ``batch_axes`` of a
     self-batched call), on the description's input avals and kwargs. What the
     compiled core then checks at each call is that XLA's buffers are these
-    avals (``_sites._buffer_types``): no kernel or callback sees other buffers.
+    avals (the buffer types ``_sites`` registers with the site): no kernel or callback sees other buffers.
     """
     kind = as_batch(batch)
     n = len(avals_in)
@@ -250,7 +238,7 @@ def _read(text: str) -> dict:
 
 
 def _find_definition(name: str, description: dict) -> OpDef:
-    live = _sites._definitions_named(name)
+    live = _sites.definitions_named(name)
     index = description.get("index")
     if index is not None:  # made by a lowering in a process like this one
         matches = [d for d, i in live if i == index]

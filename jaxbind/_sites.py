@@ -48,6 +48,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import hmac
 import json
 import os
 import threading
@@ -64,7 +65,20 @@ from ._native import NativeKernel
 from ._runtime import SUPPORTED_DTYPES
 from ._state import StatefulCallback, setup_inputs
 
-__all__ = ["RESOLVED_KEPT", "SCHEMA", "SiteHandle", "key_of", "register_definition", "site_for"]
+__all__ = [
+    "RESOLVED_KEPT",
+    "SCHEMA",
+    "SiteHandle",
+    "avals_of",
+    "definitions_named",
+    "key_of",
+    "live_site",
+    "made_here",
+    "register_definition",
+    "site_for",
+    "site_from_program",
+    "structure",
+]
 
 SCHEMA = 1  # of the description; a program with another is refused, never guessed at
 
@@ -157,7 +171,7 @@ def register_definition(definition: OpDef) -> None:
         definition.take_index(index)
 
 
-def _definitions_named(name: str) -> list:
+def definitions_named(name: str) -> list:
     """The distinct live ops with this name: (a definition, its index) per index."""
     with _lock:
         entry = _names.get(name)
@@ -169,7 +183,7 @@ def _definitions_named(name: str) -> list:
 # ---------------------------------------------------------------------------
 
 
-def _structure(definition: OpDef) -> dict:
+def structure(definition: OpDef) -> dict:
     """What must match between the op a program was made with and the one it runs."""
     structure = {
         "kind": str(definition.kind),
@@ -190,6 +204,14 @@ def _avals_json(avals):
 
 def _dtype_of(name: str):
     return jax.dtypes.float0 if name == "float0" else np.dtype(name)
+
+
+def avals_of(pairs) -> tuple:
+    """The avals a description lists as ``[[shape], dtype name]`` pairs (``describe``'s ``in``/``out``).
+
+    Raises ``TypeError``/``ValueError`` for pairs that are not such (a forged description's).
+    """
+    return tuple(jax.core.ShapedArray(tuple(shape), _dtype_of(name)) for shape, name in pairs)
 
 
 def key_of(text: str) -> int:
@@ -213,7 +235,7 @@ def describe(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: boo
     description = {
         "schema": SCHEMA,
         "op": definition.name,
-        "def": _structure(definition),
+        "def": structure(definition),
         "role": [role.family, role.slot, role.n_fixed, list(role.in_sizes)],
         "batch": as_batch(batch).description(),
         "padded": bool(padded),
@@ -261,6 +283,45 @@ def site_for(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded: boo
                 )
         definition.keep_site(memo_key, handle)
     return handle
+
+
+# ---------------------------------------------------------------------------
+# The registry's face for programs made elsewhere (``_programs``): lookups and the one
+# registration a program may cause, each taking the registry's lock itself.
+# ---------------------------------------------------------------------------
+
+
+def live_site(key: int) -> SiteHandle | None:
+    """The live site registered under ``key``, if any."""
+    with _lock:
+        return _live.get(key)
+
+
+def made_here(key: int, text: str) -> bool:
+    """Whether this process's own lowering registered ``key`` for exactly this description.
+
+    Its kwargs' bytes are then ones this process wrote. The key alone proves
+    nothing (anyone can compute a digest); the comparison is with a digest keyed
+    by this process's secret.
+    """
+    with _lock:
+        made = _made_here.get(key)
+    return made is not None and hmac.compare_digest(made, _secret_digest(text))
+
+
+def site_from_program(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded, key, text) -> SiteHandle:
+    """The live site for a program's key: the one registered under it, or one made now from its description.
+
+    The caller has checked the description against the op. The op keeps the
+    site among its last :data:`RESOLVED_KEPT` made so. Raises
+    ``TypeError``/``ValueError`` for a layout the compiled core refuses.
+    """
+    with _lock:
+        handle = _live.get(key)
+        if handle is None:
+            handle = _register(role, kwargs, batch, avals_in, avals_out, padded, key, text)
+        role.op.keep_resolved(key, handle, RESOLVED_KEPT)
+        return handle
 
 
 def _register(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded, key, text) -> SiteHandle:
@@ -334,7 +395,7 @@ def check_exportable(role: Role) -> None:
             "writes its results into out; see the porting guide), and define that op by the same "
             "name where the program is loaded."
         )
-    others = [d for d, _ in _definitions_named(name)]
+    others = [d for d, _ in definitions_named(name)]
     if len(others) > 1:
         raise ValueError(
             f"jaxbind op '{name}': this process defines {len(others)} different ops named "
