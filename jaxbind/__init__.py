@@ -33,7 +33,7 @@ _install_check.warn_if_shared()
 
 from . import testing
 from ._api import get_linear_call, get_nonlinear_call
-from ._definition import JaxbindError
+from ._errors import JaxbindError
 from ._export import export
 from ._kwargs import load_kwargs
 from ._native import NativeKernel, get_include, native

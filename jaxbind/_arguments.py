@@ -10,8 +10,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._definition import _name_of
+from ._definition import CallbackKind, _name_of
 from ._native import NativeKernel, as_kernel
+from ._native_kwargs import kernel_kwargs
 from ._state import DEFAULT_SETUP_CACHE
 from ._vmap_methods import DOOR_OP, accepted, method_of
 
@@ -24,6 +25,7 @@ __all__ = [
     "check_callable",
     "check_flags",
     "check_n_residuals",
+    "check_native_kwargs",
     "check_no_setup_cache",
     "check_setup",
     "check_thread_safe",
@@ -266,3 +268,35 @@ def arguments_hint(exc: BaseException) -> str | None:
     if not isinstance(exc, TypeError) or exc.__traceback__ is not None or not _ARGUMENTS_ERROR.search(str(exc)):
         return None
     return f"(The callback could not be called with jaxbind's arguments. {callback_form_hint()})"
+
+
+def check_native_kwargs(values: dict, definition) -> None:
+    """Refuse, when an op is called, kwargs one of its native kernels cannot take or does not declare.
+
+    The forward kernel (the one the call runs) is asked first, so a value it refuses is refused in its
+    name; a derivative or transpose kernel that refuses what the forward one takes is named with its role.
+    """
+    label = f"op '{definition.name}'"
+    callbacks = [
+        (kind, role, callback)
+        for family in definition.families
+        for kind, role, callback in zip(family.kinds, family.labels, family.callbacks)
+        if isinstance(callback, NativeKernel) and callback.declared is not None
+    ]
+    callbacks.sort(key=lambda entry: entry[0] is not CallbackKind.FORWARD)  # (stable: the rest as given)
+    checked = set()
+    for kind, role, callback in callbacks:
+        if callback in checked:
+            continue
+        checked.add(callback)
+        try:
+            callback.declared.entries(values, label, callback)
+        except TypeError as error:
+            if kind is CallbackKind.FORWARD:
+                raise
+            raise TypeError(
+                f"{error} ({callback._kind.capitalize()} '{callback.__name__}' is the op's "
+                f"{role.removesuffix(' callback')} callback, which gets the call's keyword arguments too.)"
+            ) from None
+    if not checked:
+        kernel_kwargs(values, label)  # (refuses the types no kernel can take)

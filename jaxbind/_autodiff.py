@@ -8,7 +8,8 @@ import jax.numpy as jnp
 from ._abstract_eval import jaxbind_abstract_eval
 from ._batch_types import Batch, as_batch
 from ._bind import bind
-from ._definition import CallbackKind, JaxbindError, Role, _name_of
+from ._definition import CallbackKind, Role, _name_of
+from ._errors import JaxbindError
 from ._jax_compat import ad, get_aval, reshard_like
 from ._kwargs import Kwargs
 from ._user_abstract import is_differentiable

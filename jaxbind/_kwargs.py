@@ -1,34 +1,21 @@
 """Keyword arguments of an op call, in every form they take: the ``Kwargs`` the primitive carries (pickled
 once, canonically, and keyed by value), the dump a Python callback reads back (:func:`load_kwargs`),
-the plain data read from a program made elsewhere (:func:`load_plain`), and the typed entries a native
-kernel gets (:func:`kernel_kwargs`)."""
+and the plain data read from a program made elsewhere (:func:`load_plain`). The typed entries a native
+kernel gets are ``_native_kwargs``'s."""
 
 from __future__ import annotations
 
 import io
-import numbers
 import pickle
 from typing import Any
 
 import jax
 import numpy as np
 
-from . import _plain_data, _trampoline
-from ._definition import JaxbindError
+from . import _plain_data
+from ._errors import JaxbindError
 
-__all__ = [
-    "KW_BOOL",
-    "KW_FLOAT",
-    "KW_FLOAT_ARRAY",
-    "KW_INT",
-    "KW_INT_ARRAY",
-    "KW_STRING",
-    "Kwargs",
-    "kernel_kwargs",
-    "load_kwargs",
-    "load_plain",
-    "native_kwarg_entry",
-]
+__all__ = ["Kwargs", "load_kwargs", "load_plain", "short_repr"]
 
 
 def load_kwargs(kwargs_dump) -> dict:
@@ -210,7 +197,7 @@ class Kwargs:
         return self._hash
 
     def __repr__(self):
-        text = ", ".join(f"{k}={_short_repr(v)}" for k, v in self.values.items())
+        text = ", ".join(f"{k}={short_repr(v)}" for k, v in self.values.items())
         return "{" + text + "}"
 
 
@@ -234,7 +221,7 @@ def _picklable(value) -> bool:
         return False
 
 
-def _short_repr(value) -> str:
+def short_repr(value) -> str:
     if isinstance(value, np.ndarray):
         return f"array{list(value.shape)}:{value.dtype}"
     text = repr(value)
@@ -263,86 +250,3 @@ def load_plain(dump: bytes, label: str) -> dict:
             f"{_plain_data.MAX_DEPTH} levels deep."
         ) from None
     return values
-
-
-# ---------------------------------------------------------------------------
-# Kwargs of a native kernel: typed entries (jaxbind.h)
-# ---------------------------------------------------------------------------
-
-# enum jaxbind_kwarg_type in jaxbind.h
-KW_INT, KW_FLOAT, KW_BOOL, KW_STRING, KW_INT_ARRAY, KW_FLOAT_ARRAY = (
-    _trampoline.KWARG_TYPES[name] for name in ("int", "float", "bool", "string", "int_array", "float_array")
-)
-
-
-def kernel_kwargs(values: dict, label: str, batch_axes=None, n_in: int = 0, can_batch=False, kernel=None):
-    """The op call's kwargs as ``(name, type, value)`` entries for a native kernel.
-
-    A ``kernel`` that declares its kwargs gets them as it declares them
-    (converted, defaults added: ``_native_kwargs.Declared.entries``, which
-    refuses what the declaration does not take). With ``can_batch``, adds
-    ``batch_levels`` and the flat ``batch_axes`` the header describes (from a
-    tuple per input of its batch axes, or None).
-    """
-    declared = getattr(kernel, "declared", None)
-    if declared is not None:
-        entries = declared.entries(values, label, kernel)
-    else:
-        entries = [native_kwarg_entry(key, value, label) for key, value in values.items()]
-    if can_batch:
-        levels = max((len(axes) for axes in batch_axes), default=0) if batch_axes else 0
-        flat = []
-        for axes in batch_axes or ((),) * n_in:
-            flat += list(axes) if axes else [-1] * levels
-        entries += [("batch_levels", KW_INT, levels), ("batch_axes", KW_INT_ARRAY, flat)]
-    return entries
-
-
-def native_kwarg_entry(key, value, label: str):
-    """``(name, type code, value)`` of one kwarg for a native kernel; refuses what a kernel cannot take."""
-
-    def refuse(why=""):
-        return TypeError(
-            f"jaxbind {label}: keyword argument '{key}' ({type(value).__name__}{why}) cannot be "
-            "passed to a native kernel, which takes ints, floats, bools, strings and 1-d "
-            "sequences or arrays of ints or floats."
-        )
-
-    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biuf":
-        value = value[()]  # a 0-d array is the scalar it holds: a NumPy bool, int or float, typed by its dtype
-    if isinstance(value, (bool, np.bool_)):
-        return (key, KW_BOOL, int(value))
-    if isinstance(value, (numbers.Integral, np.integer)):
-        if not -(1 << 63) <= int(value) < (1 << 63):
-            raise refuse(": does not fit in 64 bits")
-        return (key, KW_INT, int(value))
-    if isinstance(value, (numbers.Real, np.floating)):
-        return (key, KW_FLOAT, float(value))
-    if isinstance(value, str):
-        if "\0" in value:
-            raise refuse(": contains a NUL character")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise refuse(": not valid UTF-8, it contains a lone surrogate") from None
-        return (key, KW_STRING, value)
-    if isinstance(value, (list, tuple, np.ndarray)):
-        try:
-            array = np.asarray(value)
-        except Exception:
-            raise refuse() from None
-        if array.ndim != 1:
-            raise refuse(f" of {array.ndim} dimensions")
-        if (
-            np.issubdtype(array.dtype, np.integer)
-            or array.dtype == np.bool_
-            or (array.size == 0 and not isinstance(value, np.ndarray))
-        ):  # [] counts as ints
-            ints = [int(v) for v in array]
-            if not all(-(1 << 63) <= v < (1 << 63) for v in ints):
-                raise refuse(f" of dtype {array.dtype}: an entry does not fit in a signed 64-bit integer")
-            return (key, KW_INT_ARRAY, ints)
-        if np.issubdtype(array.dtype, np.floating):
-            return (key, KW_FLOAT_ARRAY, [float(v) for v in array])
-        raise refuse(f" of dtype {array.dtype}")
-    raise refuse()

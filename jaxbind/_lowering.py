@@ -10,7 +10,8 @@ import numpy as np
 
 from . import _programs  # noqa: F401  (sets the core's program check and resolver before a program runs)
 from ._batch_types import Batch
-from ._definition import JaxbindError, Role
+from ._definition import Role
+from ._errors import JaxbindError
 from ._jax_compat import (
     add_keepalive,
     auto_device_count,

@@ -14,6 +14,7 @@ import os
 import numpy as np
 
 from . import _trampoline
+from ._native_kwargs import declare
 
 __all__ = ["NativeKernel", "as_kernel", "get_include", "native"]
 
@@ -156,12 +157,8 @@ class NativeKernel:
 
 
 def _declare(kwargs, where: str, fields: bool):
-    """A kernel's declared kwargs (``_native_kwargs.declare``: imported here, since it needs this module)."""
-    if kwargs is None:
-        return None
-    from ._native_kwargs import declare
-
-    return declare(kwargs, where, fields)
+    """A kernel's declared kwargs (``_native_kwargs.declare``), or None when it declares none."""
+    return None if kwargs is None else declare(kwargs, where, fields)
 
 
 class _DlInfo(ctypes.Structure):

@@ -8,23 +8,105 @@ from __future__ import annotations
 
 import collections.abc
 import keyword
+import numbers
 import typing
 
-from ._definition import CallbackKind
-from ._kwargs import (
-    KW_BOOL,
-    KW_FLOAT,
-    KW_FLOAT_ARRAY,
-    KW_INT,
-    KW_INT_ARRAY,
-    KW_STRING,
-    _short_repr,
-    kernel_kwargs,
-    native_kwarg_entry,
-)
-from ._native import NativeKernel
+import numpy as np
 
-__all__ = ["Declared", "check_native_kwargs", "declare"]
+from . import _trampoline
+from ._kwargs import short_repr
+
+__all__ = [
+    "KW_BOOL",
+    "KW_FLOAT",
+    "KW_FLOAT_ARRAY",
+    "KW_INT",
+    "KW_INT_ARRAY",
+    "KW_STRING",
+    "Declared",
+    "declare",
+    "kernel_kwargs",
+    "native_kwarg_entry",
+]
+
+# enum jaxbind_kwarg_type in jaxbind.h
+KW_INT, KW_FLOAT, KW_BOOL, KW_STRING, KW_INT_ARRAY, KW_FLOAT_ARRAY = (
+    _trampoline.KWARG_TYPES[name] for name in ("int", "float", "bool", "string", "int_array", "float_array")
+)
+
+
+def kernel_kwargs(values: dict, label: str, batch_axes=None, n_in: int = 0, can_batch=False, kernel=None):
+    """The op call's kwargs as ``(name, type, value)`` entries for a native kernel.
+
+    A ``kernel`` that declares its kwargs gets them as it declares them
+    (converted, defaults added: ``_native_kwargs.Declared.entries``, which
+    refuses what the declaration does not take). With ``can_batch``, adds
+    ``batch_levels`` and the flat ``batch_axes`` the header describes (from a
+    tuple per input of its batch axes, or None).
+    """
+    declared = getattr(kernel, "declared", None)
+    if declared is not None:
+        entries = declared.entries(values, label, kernel)
+    else:
+        entries = [native_kwarg_entry(key, value, label) for key, value in values.items()]
+    if can_batch:
+        levels = max((len(axes) for axes in batch_axes), default=0) if batch_axes else 0
+        flat = []
+        for axes in batch_axes or ((),) * n_in:
+            flat += list(axes) if axes else [-1] * levels
+        entries += [("batch_levels", KW_INT, levels), ("batch_axes", KW_INT_ARRAY, flat)]
+    return entries
+
+
+def native_kwarg_entry(key, value, label: str):
+    """``(name, type code, value)`` of one kwarg for a native kernel; refuses what a kernel cannot take."""
+
+    def refuse(why=""):
+        return TypeError(
+            f"jaxbind {label}: keyword argument '{key}' ({type(value).__name__}{why}) cannot be "
+            "passed to a native kernel, which takes ints, floats, bools, strings and 1-d "
+            "sequences or arrays of ints or floats."
+        )
+
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biuf":
+        value = value[()]  # a 0-d array is the scalar it holds: a NumPy bool, int or float, typed by its dtype
+    if isinstance(value, (bool, np.bool_)):
+        return (key, KW_BOOL, int(value))
+    if isinstance(value, (numbers.Integral, np.integer)):
+        if not -(1 << 63) <= int(value) < (1 << 63):
+            raise refuse(": does not fit in 64 bits")
+        return (key, KW_INT, int(value))
+    if isinstance(value, (numbers.Real, np.floating)):
+        return (key, KW_FLOAT, float(value))
+    if isinstance(value, str):
+        if "\0" in value:
+            raise refuse(": contains a NUL character")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise refuse(": not valid UTF-8, it contains a lone surrogate") from None
+        return (key, KW_STRING, value)
+    if isinstance(value, (list, tuple, np.ndarray)):
+        try:
+            array = np.asarray(value)
+        except Exception:
+            raise refuse() from None
+        if array.ndim != 1:
+            raise refuse(f" of {array.ndim} dimensions")
+        if (
+            np.issubdtype(array.dtype, np.integer)
+            or array.dtype == np.bool_
+            or (array.size == 0 and not isinstance(value, np.ndarray))
+        ):  # [] counts as ints
+            ints = [int(v) for v in array]
+            if not all(-(1 << 63) <= v < (1 << 63) for v in ints):
+                raise refuse(f" of dtype {array.dtype}: an entry does not fit in a signed 64-bit integer")
+            return (key, KW_INT_ARRAY, ints)
+        if np.issubdtype(array.dtype, np.floating):
+            return (key, KW_FLOAT_ARRAY, [float(v) for v in array])
+        raise refuse(f" of dtype {array.dtype}")
+    raise refuse()
+
 
 # How a declaration and the messages write each kind.
 KIND_NAMES = {
@@ -156,7 +238,7 @@ class Declared:
         """``r: float, n: int = 3``, or ``none``."""
 
         def shown(code, default):
-            return str(bool(default)) if code == KW_BOOL else _short_repr(default)
+            return str(bool(default)) if code == KW_BOOL else short_repr(default)
 
         text = [
             f"{name}: {KIND_NAMES[code]}" + ("" if default is None else f" = {shown(code, default)}")
@@ -187,7 +269,7 @@ class Declared:
                 kind = type(value).__name__
                 raise TypeError(
                     f"jaxbind {label}: keyword argument '{name}' is {'an' if kind[0] in 'aeiou' else 'a'} {kind} "
-                    f"({_short_repr(value)}), but {what} declares it {KIND_NAMES[code]}: pass {_TAKES[code]}."
+                    f"({short_repr(value)}), but {what} declares it {KIND_NAMES[code]}: pass {_TAKES[code]}."
                 )
             entries.append(entry)
         for name, code, default in self.kwargs:
@@ -225,35 +307,3 @@ def _converted(entry: tuple, code: int) -> tuple | None:
     if code == KW_INT_ARRAY and have == KW_FLOAT_ARRAY and not value:
         return (name, KW_INT_ARRAY, [])
     return None
-
-
-def check_native_kwargs(values: dict, definition) -> None:
-    """Refuse, when an op is called, kwargs one of its native kernels cannot take or does not declare.
-
-    The forward kernel (the one the call runs) is asked first, so a value it refuses is refused in its
-    name; a derivative or transpose kernel that refuses what the forward one takes is named with its role.
-    """
-    label = f"op '{definition.name}'"
-    callbacks = [
-        (kind, role, callback)
-        for family in definition.families
-        for kind, role, callback in zip(family.kinds, family.labels, family.callbacks)
-        if isinstance(callback, NativeKernel) and callback.declared is not None
-    ]
-    callbacks.sort(key=lambda entry: entry[0] is not CallbackKind.FORWARD)  # (stable: the rest as given)
-    checked = set()
-    for kind, role, callback in callbacks:
-        if callback in checked:
-            continue
-        checked.add(callback)
-        try:
-            callback.declared.entries(values, label, callback)
-        except TypeError as error:
-            if kind is CallbackKind.FORWARD:
-                raise
-            raise TypeError(
-                f"{error} ({callback._kind.capitalize()} '{callback.__name__}' is the op's "
-                f"{role.removesuffix(' callback')} callback, which gets the call's keyword arguments too.)"
-            ) from None
-    if not checked:
-        kernel_kwargs(values, label)  # (refuses the types no kernel can take)

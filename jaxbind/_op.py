@@ -15,11 +15,11 @@ from . import (
     _primitive,  # noqa: F401  (registers the primitive's rules with JAX)
     _trampoline,
 )
+from ._arguments import check_native_kwargs
 from ._bind import bind
 from ._definition import OpDef, OpKind, Role
 from ._jax_compat import ArrayImpl, runtime_error_of_fast_path
 from ._kwargs import Kwargs
-from ._native_kwargs import check_native_kwargs
 from ._sites import register_definition
 
 __all__ = ["Op"]

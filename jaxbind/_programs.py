@@ -20,7 +20,8 @@ import numpy as np
 
 from . import _sites, _trampoline
 from ._batch_types import SelfBatch, WalkBatch, as_batch, batch_from_description
-from ._definition import JaxbindError, OpDef, Role, dtype_name
+from ._definition import OpDef, Role, dtype_name
+from ._errors import JaxbindError
 from ._kwargs import Kwargs
 from ._sites import SCHEMA, SiteHandle
 from ._user_abstract import check_input_dtypes

@@ -1,5 +1,8 @@
-"""The one place the compiled core is wired in at import: targets, dtypes, errors, the kept-view sweep
-(``_kept_views``), exit, config."""
+"""The compiled core's process-wide wiring at import: the custom-call targets, the callback error text,
+the kept-view sweep (``_kept_views``), the exit hook and ``jaxbind.config``.
+
+(The core's other hooks are set by the modules that own them: the dtypes by ``_dtypes``, the
+resolver of programs made elsewhere by ``_programs``.)"""
 
 from __future__ import annotations
 
@@ -9,14 +12,16 @@ import traceback
 
 import jax
 import jax.extend.backend
-import jax.numpy as jnp
 import numpy as np
 
 from . import _trampoline
+from ._arguments import arguments_hint
 from ._jax_compat import register_batch_partitionable
 from ._kept_views import retire_overlapping
+from ._state import SetupError
+from ._user_abstract import output_shape_hint
 
-__all__ = ["ASYNC_TARGET", "SUPPORTED_DTYPES", "TARGET", "config"]
+__all__ = ["ASYNC_TARGET", "TARGET", "config", "format_callback_error"]
 
 # How long the exit hook waits for callbacks that are still running on XLA's threads.
 EXIT_TIMEOUT_SECONDS = 10.0
@@ -112,22 +117,6 @@ for _target in (TARGET, ASYNC_TARGET):
 
 
 # ---------------------------------------------------------------------------
-# The dtypes a callback can take
-# ---------------------------------------------------------------------------
-
-# XLA FFI dtype codes (XLA's PrimitiveType numbers) and their NumPy dtypes.
-_DTYPE_CODES = _trampoline.DTYPE_CODES  # the header's enum, exported by the module
-SUPPORTED_DTYPES = {}
-for _name, _code in _DTYPE_CODES.items():
-    try:
-        _dtype = jnp.dtype(_name)
-    except TypeError:  # a float8 type this ml_dtypes does not have
-        continue
-    _trampoline.set_dtype(_code, _dtype)
-    SUPPORTED_DTYPES[_dtype] = _code
-
-
-# ---------------------------------------------------------------------------
 # Callback errors and interpreter exit
 # ---------------------------------------------------------------------------
 
@@ -138,10 +127,6 @@ def format_callback_error(label: str, exc: BaseException, outs=None) -> str:
     ``outs``: the callback's output arrays (the shapes and dtypes the abstract
     declared), or None. A mistake with a likely cause gets a line that says it.
     """
-    from ._arguments import arguments_hint  # (imported here: the error path only)
-    from ._state import SetupError
-    from ._user_abstract import output_shape_hint
-
     if isinstance(exc, SetupError) and exc.__cause__ is not None:  # the setup's own failure, its own frames
         cause = exc.__cause__
         frames = traceback.format_exception(type(cause), cause, cause.__traceback__)

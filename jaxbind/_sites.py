@@ -59,10 +59,12 @@ import numpy as np
 
 from . import _trampoline
 from ._batch_types import as_batch
-from ._definition import JaxbindError, OpDef, Role, dtype_name
-from ._kwargs import Kwargs, kernel_kwargs
+from ._definition import OpDef, Role, dtype_name
+from ._dtypes import SUPPORTED_DTYPES
+from ._errors import JaxbindError
+from ._kwargs import Kwargs
 from ._native import NativeKernel
-from ._runtime import SUPPORTED_DTYPES
+from ._native_kwargs import kernel_kwargs
 from ._state import StatefulCallback, setup_inputs
 
 __all__ = [

@@ -24,7 +24,8 @@ from collections.abc import Callable
 import numpy as np
 
 from . import _trampoline
-from ._definition import JaxbindError, OpKind, _name_of
+from ._definition import OpKind, _name_of
+from ._errors import JaxbindError
 
 __all__ = [
     "DEFAULT_SETUP_CACHE",

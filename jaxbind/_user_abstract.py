@@ -12,9 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._definition import CallbackKind, JaxbindError, Role, _name_of, dtype_name
+from ._definition import CallbackKind, Role, _name_of, dtype_name
+from ._dtypes import SUPPORTED_DTYPES
+from ._errors import JaxbindError
 from ._kwargs import Kwargs
-from ._runtime import SUPPORTED_DTYPES
 
 
 def check_dtype(dtype, role: Role, what: str):

@@ -9,7 +9,7 @@ import keyword
 import numpy as np
 
 from .. import _trampoline
-from .._kwargs import KW_BOOL, KW_FLOAT, KW_FLOAT_ARRAY, KW_INT, KW_INT_ARRAY, KW_STRING
+from .._native_kwargs import KW_BOOL, KW_FLOAT, KW_FLOAT_ARRAY, KW_INT, KW_INT_ARRAY, KW_STRING
 
 __all__ = [
     "INSTALL_HINT",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import functools
 
-from .._kwargs import native_kwarg_entry
 from .._native import NativeKernel, _declare
+from .._native_kwargs import native_kwarg_entry
 from ._checks import is_dispatcher, numba_or_raise, object_mode_refusal
 from ._program import Program
 

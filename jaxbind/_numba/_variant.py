@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 
-from .._kwargs import KW_BOOL, KW_FLOAT, KW_FLOAT_ARRAY, KW_INT, KW_INT_ARRAY
+from .._native_kwargs import KW_BOOL, KW_FLOAT, KW_FLOAT_ARRAY, KW_INT, KW_INT_ARRAY
 from ._call_struct import ARRAY, ARRAY_WORDS, CALL, CALL_WORDS, KWARG, KWARG_WORDS
 from ._callbacks import REPORTS, new_variant_id
 from ._checks import KWARG_KINDS, NUMPY_DTYPES, check_dtype

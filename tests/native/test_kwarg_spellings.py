@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxbind
-from jaxbind._kwargs import KW_BOOL, KW_FLOAT, KW_INT, native_kwarg_entry
+from jaxbind._native_kwargs import KW_BOOL, KW_FLOAT, KW_INT, native_kwarg_entry
 
 LIB = _kernels.load()
 

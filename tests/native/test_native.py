@@ -104,7 +104,7 @@ def test_every_non_float8_dtype_is_supported():
     # the brief: bool, int8..int64, uint8..uint64, float16, bfloat16, float32/64, complex64/128.
     # jaxbind itself maps each to its code (JAX having the dtype is not enough), and
     # an op passes each one through, both ways.
-    from jaxbind._runtime import SUPPORTED_DTYPES
+    from jaxbind._dtypes import SUPPORTED_DTYPES
 
     for name in DTYPE_CODES:
         if name not in FLOAT8:
