@@ -4,7 +4,8 @@
 
 namespace {
 
-// A batch handed over whole (vmap_method "expand_dims" or "broadcast_all")
+// A batch handed over whole (a vmap_method that is not walked: "expand_dims",
+// "broadcast_all" or "legacy_vectorized")
 // that XLA partitioned and padded: the callable gets the real elements only.
 // The real elements of a block are a prefix along each level (XLA pads at the
 // end of a level), so they are arrays of the same rank with smaller batch

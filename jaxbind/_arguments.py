@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._definition import CallbackKind, _name_of
+from ._definition import CallbackKind, name_of
 from ._native import NativeKernel, as_kernel
 from ._native_kwargs import kernel_kwargs
 from ._state import DEFAULT_SETUP_CACHE
@@ -54,14 +54,14 @@ def as_callback(value, what: str, name: str | None, parameters: Sequence[str] = 
         return kernel
     if not callable(value):
         raise TypeError(
-            f"jaxbind op '{name or _name_of(value)}': {what} must be a Python callable or a native kernel (a ctypes "
+            f"jaxbind op '{name or name_of(value)}': {what} must be a Python callable or a native kernel (a ctypes "
             f"function, a numba cfunc, a PyCapsule or jaxbind.native(address)), got {type(value).__name__}."
         )
     why = _why_not_callable_with(value, len(parameters))
     if why is not None:
         form = f"f({', '.join(parameters)})"
         raise TypeError(
-            f"jaxbind op '{name or _name_of(value)}': {what} ('{_name_of(value)}') cannot be called as a "
+            f"jaxbind op '{name or name_of(value)}': {what} ('{name_of(value)}') cannot be called as a "
             f"callback, {form}: {why}. {callback_form_hint(parameters)}"
         )
     return value
@@ -134,10 +134,10 @@ def named_callback(f, name, parameters: Sequence[str] = CALLBACK_PARAMETERS):
     """``f`` as a callback, and the op's name: ``name`` when given, else the name of ``f``."""
     if name is None:  # (the op is named after f: a kernel without a name of its own is refused)
         f = as_callback(f, "f", None, parameters)
-        return f, _name_of(f)
+        return f, name_of(f)
     if not isinstance(name, str) or not name.strip():
         error = TypeError if not isinstance(name, str) else ValueError
-        raise error(f"jaxbind op '{_name_of(f)}': name must be a non-empty string, got {name!r:.100}.")
+        raise error(f"jaxbind op '{name_of(f)}': name must be a non-empty string, got {name!r:.100}.")
     return as_callback(f, "f", name, parameters), name
 
 
@@ -151,7 +151,7 @@ def check_setup(name: str, setup, setup_cache, families) -> int:
     why = _why_not_callable_with(setup, 2)
     if why is not None:
         raise TypeError(
-            f"jaxbind op '{name}': setup ('{_name_of(setup)}') cannot be called as setup(args, kwargs): {why}. "
+            f"jaxbind op '{name}': setup ('{name_of(setup)}') cannot be called as setup(args, kwargs): {why}. "
             "jaxbind calls it with 2 positional arguments, the call's leading inputs (a tuple of arrays) and "
             "its kwargs (a dict), and gives what it returns to every callback as their fourth argument, state."
         )
@@ -160,7 +160,7 @@ def check_setup(name: str, setup, setup_cache, families) -> int:
             if isinstance(callback, NativeKernel):
                 what = "f" if label == "forward" else f"the {label}"
                 raise TypeError(
-                    f"jaxbind op '{name}': setup is given, but {what} ('{_name_of(callback)}') is a native "
+                    f"jaxbind op '{name}': setup is given, but {what} ('{name_of(callback)}') is a native "
                     "kernel, which takes no Python object: setup's state goes to Python callbacks only. "
                     "Keep a native kernel's state on the C side (a handle passed as an int kwarg), or "
                     "make the op without setup."
@@ -179,7 +179,7 @@ def check_no_setup_cache(name, f, setup, setup_cache) -> None:
     """``setup_cache`` without ``setup``: a cache of nothing, most likely a forgotten ``setup=``."""
     if setup is None and setup_cache is not None:
         if not isinstance(name, str) or not name.strip():  # (a bad name= is refused after this)
-            name = _name_of(f)
+            name = name_of(f)
         raise TypeError(
             f"jaxbind op '{name}': setup_cache={setup_cache!r:.100} is given without setup; it sizes the cache of "
             "the states setup makes, so an op without setup has none. Pass setup=, a callable "

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from ._abstract_eval import jaxbind_abstract_eval
 from ._batch_types import Batch, as_batch
 from ._bind import bind
-from ._definition import CallbackKind, Role, _name_of
+from ._definition import CallbackKind, Role, name_of
 from ._errors import JaxbindError
 from ._jax_compat import ad, get_aval, reshard_like
 from ._kwargs import Kwargs
@@ -156,7 +156,7 @@ def _check_declared(role: Role, new_role: Role, start: int, stop: int, plan):
     if len(plan.declared) != stop - start:
         linear = ", ".join(_argument_text(role, i, start) for i in range(start, stop))
         raise ValueError(
-            f"jaxbind {new_role.label}: its abstract function '{_name_of(new_role.abstract)}' "
+            f"jaxbind {new_role.label}: its abstract function '{name_of(new_role.abstract)}' "
             f"declares {len(plan.declared)} output(s), but this callback computes the cotangents of "
             f"{stop - start} linear argument(s) ({linear}). "
             "It must return one (shape, dtype) per linear argument, in order."

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._bind import bind
-from ._definition import Role, _name_of
+from ._definition import Role, name_of
 from ._jax_compat import get_aval
 from ._user_abstract import call_abstract, check_input_dtypes, check_size, structs
 from ._vmap_methods import method_of
@@ -121,10 +121,10 @@ class WalkBatch:
         """How many leading dimensions of an input with batch mask ``mask`` are batch levels."""
         return len(mask) if _all_levels(role) else sum(mask)
 
-    def level_sizes(self, shapes, whole: bool = False):
+    def level_sizes(self, shapes, all_levels: bool = False):
         """Sizes of the batch levels, read off the inputs mapped at each level.
 
-        ``whole``: every input has all levels in front (not only its mapped ones).
+        ``all_levels``: every input has all levels in front (not only its mapped ones).
         """
         sizes = [1] * self.levels
         for shape, mask in zip(shapes, self.masks):
@@ -132,7 +132,7 @@ class WalkBatch:
             for level, mapped in enumerate(mask):
                 if mapped:
                     sizes[level] = shape[pos]
-                pos += 1 if mapped or whole else 0
+                pos += 1 if mapped or all_levels else 0
         return tuple(sizes)
 
     def description(self):
@@ -144,8 +144,9 @@ class WalkBatch:
         A walked call whose every input is mapped at every level is a batch of
         independent elements along the leading dimensions of all its arrays:
         any device can run any slice of it. So is such a call handed over
-        whole (``vmap_method`` "expand_dims" or "broadcast_all"), whose callback
-        sees the slice as its batch. Other calls (an input with a size-1 level
+        whole (a method that is not walked: ``vmap_method`` "expand_dims",
+        "broadcast_all" or "legacy_vectorized"), whose callback sees the slice
+        as its batch. Other calls (an input with a size-1 level
         among them) see whole arrays.
         """
         if self.levels and all(all(m) for m in self.masks):
@@ -247,7 +248,7 @@ class SelfBatch:
                 if axis >= len(shape) or shape[axis] != size:
                     has = f"has size {shape[axis]} there" if axis < len(shape) else "has no such axis"
                     raise ValueError(
-                        f"jaxbind {role.label}: its abstract function '{_name_of(role.abstract)}' "
+                        f"jaxbind {role.label}: its abstract function '{name_of(role.abstract)}' "
                         f"declares output {j} with shape {shape}, which does not hold the batch: vmap "
                         f"level {level} (size {size}) is its axis {axis} (from the batch axes the "
                         f"abstract returned, {tuple(axes)}), but the declared shape {has}. With "

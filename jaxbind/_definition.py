@@ -76,7 +76,8 @@ FORWARD_FAMILY, DERIVATIVE_FAMILY = 0, 1
 TANGENT_IN_SLOT, TANGENT_OUT_SLOT = 0, 1
 
 
-def _name_of(fn) -> str:
+def name_of(fn) -> str:
+    """How messages name a user's function: its ``__name__``, else its type's."""
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
@@ -132,7 +133,7 @@ class OpDef:
     families: tuple[Family, ...]
     first_n_args_fixed: int
     func_can_batch: bool
-    vmap_method: str = "sequential"  # how vmap hands a batch to the callbacks (see _batch_types)
+    vmap_method: str = "sequential"  # how vmap hands a batch to the callbacks: a name in _vmap_methods' table
     n_residuals: int = 0  # arrays f writes after its outputs, for the derivatives only
     thread_safe: bool = False  # Python callbacks may run on several threads at once (walks spread)
     # An op that behaves as a JAX callback (jaxbind.pure_callback's), or None for every other op.
@@ -325,7 +326,7 @@ class Role:
         """e.g. ``op 'scale'`` or ``op 'scale' (transpose callback 'scale_T')``."""
         if self.callback_kind is CallbackKind.FORWARD:
             return f"op '{self.op.name}'"
-        return f"op '{self.op.name}' ({self.what} '{_name_of(self.callback)}')"
+        return f"op '{self.op.name}' ({self.what} '{name_of(self.callback)}')"
 
     @property
     def what(self) -> str:

@@ -53,7 +53,7 @@ _lock = threading.Lock()
 _definitions: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def _name_of(callback) -> str:
+def _op_name_for(callback) -> str:
     name = getattr(callback, "__qualname__", None) or getattr(callback, "__name__", None)
     return f"pure_callback({name or type(callback).__name__})"
 
@@ -120,12 +120,12 @@ class _Runner(functools.partial):
         return self
 
     def __reduce__(self):  # (a runner calls a function of this process)
-        raise TypeError(f"the op of jaxbind.{_name_of(self.target)} cannot be pickled")
+        raise TypeError(f"the op of jaxbind.{_op_name_for(self.target)} cannot be pickled")
 
 
 def _op_for(callback, in_tree, vmap_method, sharding) -> Op:
     """The op of a callback, structure, ``vmap_method`` and ``sharding``: of the live definition, or a new one."""
-    method = named(vmap_method, DOOR_PURE_CALLBACK)
+    method = named(vmap_method)  # (checked by pure_callback, in JAX's words)
     key = (_identity(callback), in_tree, method, sharding)
     with _lock:
         definition = _definitions.get(key)
@@ -158,7 +158,7 @@ def _abstract(*args, result):
 
 
 def _make_definition(callback, in_tree, vmap_method, sharding) -> OpDef:
-    name = _name_of(callback)
+    name = _op_name_for(callback)
     runner = _Runner(_make_run(callback, in_tree, name), callback, in_tree)
     family = Family(
         callbacks=(runner,), abstracts=(_abstract,), kinds=(CallbackKind.FORWARD,), labels=("forward",), linear=False
@@ -300,7 +300,7 @@ def _eager(callback, flat_args, in_tree, specs, out_tree):
             "jaxbind.pure_callback found no local CPU device to place the inputs on: list "
             '"cpu" in --jax_platforms or JAX_PLATFORMS.'
         ) from err
-    name = _name_of(callback)
+    name = _op_name_for(callback)
     args, kwargs = in_tree.unflatten(jax.device_put(list(flat_args), cpu))
     try:
         try:
@@ -409,7 +409,7 @@ def pure_callback(
         )
     if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
         raise TypeError(f"jaxbind.pure_callback: sharding must be a jax.sharding.Sharding, got {sharding!r:.100}")
-    name = _name_of(callback)
+    name = _op_name_for(callback)
     flat_args, in_tree = _flatten_arguments(args, kwargs, name)
     check_arguments(flat_args, args, kwargs, name)
     flat_specs, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)

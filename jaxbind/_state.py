@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from . import _trampoline
-from ._definition import OpKind, _name_of
+from ._definition import OpKind, name_of
 from ._errors import JaxbindError
 
 __all__ = [
@@ -197,7 +197,7 @@ class StateCache:
         try:
             state = self.setup(inputs, dict(kwargs))
         except Exception as err:
-            raise SetupError(f"its setup '{_name_of(self.setup)}' raised {type(err).__name__}: {err}") from err
+            raise SetupError(f"its setup '{name_of(self.setup)}' raised {type(err).__name__}: {err}") from err
         return read_only(state)
 
     def _kwargs_of(self, kwargs_dump: bytes, n: int, can_batch: bool):
@@ -277,7 +277,7 @@ class StatefulCallback:
 
     @property
     def __name__(self) -> str:  # (the labels in messages name the user's callback)
-        return _name_of(self.callback)
+        return name_of(self.callback)
 
     def _key(self):
         return (self.callback, self.cache.setup, self.cache.size)
@@ -289,7 +289,7 @@ class StatefulCallback:
         return hash(self._key())
 
     def __repr__(self):
-        return f"<{_name_of(self.callback)} with setup {_name_of(self.cache.setup)}>"
+        return f"<{name_of(self.callback)} with setup {name_of(self.cache.setup)}>"
 
     def bind(self, n_inputs: int, can_batch: bool) -> Callable:
         """The callable ``(out, args, kwargs_dump)`` a call site runs: setup takes ``args[:n_inputs]``."""
@@ -304,7 +304,7 @@ class StatefulCallback:
                     err.add_note(_READ_ONLY_NOTE)
                 raise
 
-        with_state.__name__ = _name_of(callback)
+        with_state.__name__ = name_of(callback)
         return with_state
 
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._definition import CallbackKind, Role, _name_of, dtype_name
+from ._definition import CallbackKind, Role, dtype_name, name_of
 from ._dtypes import SUPPORTED_DTYPES
 from ._errors import JaxbindError
 from ._kwargs import Kwargs
@@ -182,7 +182,7 @@ def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axi
                 ) from err
             # jaxbind chose these arguments, not the caller: the signature is wrong.
             raise TypeError(
-                f"jaxbind {role.label}: its abstract function '{_name_of(role.abstract)}' is called "
+                f"jaxbind {role.label}: its abstract function '{name_of(role.abstract)}' is called "
                 f"with {_role_inputs(role, len(structs))} and keyword arguments {sorted(values)}, "
                 f"but its signature does not accept them: {sig_err}. Give it a signature that "
                 "takes them (e.g. abstract(*args, **kwargs))."
@@ -242,7 +242,7 @@ def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axi
         if len(outs) <= k:
             raise ValueError(
                 f"jaxbind op '{role.op.name}': n_residuals={k}, but its abstract function "
-                f"'{_name_of(role.abstract)}' declares {len(outs)} array(s) in all; it must declare "
+                f"'{name_of(role.abstract)}' declares {len(outs)} array(s) in all; it must declare "
                 f"the op's outputs (at least one) followed by its {k} residual(s)."
             )
         if role.is_jvp:
