@@ -123,6 +123,7 @@ _CONSTANTS = frozenset(
     }
 )  # fmt: skip
 _FIXED = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}
+_EMPTY = {"EMPTY_LIST": list, "EMPTY_TUPLE": tuple, "EMPTY_DICT": dict, "EMPTY_SET": set}
 
 
 class _Reader:
@@ -216,6 +217,19 @@ class _Reader:
             value.slots.append(slot)
 
     def step(self, n, name, arg):
+        """Run opcode number ``n`` (its name and argument), or refuse it."""
+        if not (self._value(name, arg) or self._container(name) or self._bookkeeping(n, name, arg)):
+            if name in ("GLOBAL", "STACK_GLOBAL"):
+                self.stack.append(self._global(name, arg))
+            elif name == "REDUCE":
+                self.stack.append(self.reduce())
+            elif name == "BUILD":
+                self.build()
+            else:
+                raise _refuse(f"opcode {name}")
+
+    def _value(self, name, arg) -> bool:
+        """Push a value an opcode holds (a constant, a string, an empty container); False if it holds none."""
         stack = self.stack
         if name in _CONSTANTS:
             stack.append(arg)
@@ -223,20 +237,16 @@ class _Reader:
             stack.append(_FIXED[name])
         elif name in ("STRING", "BINSTRING", "SHORT_BINSTRING"):
             stack.append(arg.encode("latin-1").decode("ascii"))  # (as pickle.loads reads them)
-        elif name in ("PROTO", "FRAME"):
-            pass
-        elif name == "MARK":
-            self.marks.append(stack)
-            self.stack = []
-        elif name == "EMPTY_LIST":
-            stack.append([])
-        elif name == "EMPTY_TUPLE":
-            stack.append(())
-        elif name == "EMPTY_DICT":
-            stack.append({})
-        elif name == "EMPTY_SET":
-            stack.append(set())
-        elif name == "APPEND":
+        elif name in _EMPTY:
+            stack.append(_EMPTY[name]())
+        else:
+            return False
+        return True
+
+    def _container(self, name) -> bool:
+        """Build or fill a list, tuple, dict or set from the stack; False for another opcode."""
+        stack = self.stack
+        if name == "APPEND":
             item = _plain(stack.pop())
             self.top((list,), "APPEND").append(item)
         elif name == "APPENDS":
@@ -275,6 +285,18 @@ class _Reader:
         elif name == "FROZENSET":
             items = frozenset(self.members(self.pop_mark()))
             self.stack.append(items)
+        else:
+            return False
+        return True
+
+    def _bookkeeping(self, n, name, arg) -> bool:
+        """The framing, marks, stack and memo opcodes; False for another opcode."""
+        stack = self.stack
+        if name in ("PROTO", "FRAME"):
+            pass
+        elif name == "MARK":
+            self.marks.append(stack)
+            self.stack = []
         elif name == "POP":
             if stack:
                 stack.pop()
@@ -294,21 +316,20 @@ class _Reader:
             self.remember(arg)
         elif name == "MEMOIZE":
             self.remember(len(self.memo))
-        elif name in ("GLOBAL", "STACK_GLOBAL"):
-            if name == "GLOBAL":
-                module, _, attribute = arg.partition(" ")
-            else:
-                attribute, module = stack.pop(), stack.pop()
-            if type(module) is not str or type(attribute) is not str or (module, attribute) not in REDUCES:
-                raise _refuse(f"{module}.{attribute}"[:120])
-            shown = f"{'numpy' if module in NUMPY_MODULES else module}.{attribute}"
-            stack.append(_Global(shown, REDUCES[module, attribute]))
-        elif name == "REDUCE":
-            stack.append(self.reduce())
-        elif name == "BUILD":
-            self.build()
         else:
-            raise _refuse(f"opcode {name}")
+            return False
+        return True
+
+    def _global(self, name, arg) -> _Global:
+        """A GLOBAL's callable: only one of :data:`REDUCES`, and only as what a REDUCE calls."""
+        if name == "GLOBAL":
+            module, _, attribute = arg.partition(" ")
+        else:
+            attribute, module = self.stack.pop(), self.stack.pop()
+        if type(module) is not str or type(attribute) is not str or (module, attribute) not in REDUCES:
+            raise _refuse(f"{module}.{attribute}"[:120])
+        shown = f"{'numpy' if module in NUMPY_MODULES else module}.{attribute}"
+        return _Global(shown, REDUCES[module, attribute])
 
     def load(self, dump: bytes):
         for n, (opcode, arg, _) in enumerate(pickletools.genops(dump)):

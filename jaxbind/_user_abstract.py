@@ -164,12 +164,30 @@ def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axi
 
     Returns a list of ``(shape, dtype, out_axis)`` (``out_axis`` None unless given).
     """
-    values = kwargs.values
     structs = role.abstract_inputs(structs)
+    result = _run_abstract(role, structs, kwargs.values, batch_axes)
+    if _looks_like_pair(result):
+        raise _bad_abstract(role, result, "got a single pair; wrap it in a tuple: ((shape, dtype),)")
+    if not isinstance(result, (tuple, list)):
+        raise _bad_abstract(role, result, f"got a {type(result).__name__}")
+    if not result:
+        # XLA drops a pure call whose results nobody uses: the callback would never run.
+        raise _bad_abstract(
+            role, result, "got no outputs; an op needs at least one (XLA skips pure calls whose results are not used)"
+        )
+    outs = [_output_entry(role, result, k, want_axis) for k in range(len(result))]
+    if role.inplace_pairs:
+        check_inplace_outputs(role, structs, outs, None if batch_axes is None else role.abstract_inputs(batch_axes))
+    return _role_outputs(role, outs)
+
+
+def _run_abstract(role: Role, structs, values: dict, batch_axes):
+    """The abstract's result for the role's inputs; its failure raised naming the op (and why, when a
+    signature refuses the arguments)."""
     if role.op.func_can_batch:
         values = {**values, "batch_axes": None if batch_axes is None else tuple(role.abstract_inputs(batch_axes))}
     try:
-        result = role.abstract(*structs, **values)
+        return role.abstract(*structs, **values)
     except TypeError as err:
         try:
             inspect.signature(role.abstract).bind(*structs, **values)
@@ -192,51 +210,48 @@ def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axi
         _raise_abstract_failure(role, err)
     except Exception as err:
         _raise_abstract_failure(role, err)
-    if _looks_like_pair(result):
-        raise _bad_abstract(role, result, "got a single pair; wrap it in a tuple: ((shape, dtype),)")
-    if not isinstance(result, (tuple, list)):
-        raise _bad_abstract(role, result, f"got a {type(result).__name__}")
-    if not result:
-        # XLA drops a pure call whose results nobody uses: the callback would never run.
+
+
+def _output_entry(role: Role, result, k: int, want_axis: bool):
+    """Entry ``k`` of an abstract's result, checked: ``(shape, dtype, out_axis)``."""
+    entry = result[k]
+    if not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3):
+        raise _bad_abstract(role, result, f"entry {k} is not a (shape, dtype) pair")
+    shape, dtype = entry[0], entry[1]
+    try:
+        if isinstance(shape, (str, bytes)):
+            raise TypeError("a string is not a shape")
+        dims = list(shape)
+        dtype = np.dtype(dtype)
+    except Exception:
+        raise _bad_abstract(role, result, f"entry {k} has no valid shape and dtype") from None
+    if not all(_is_dimension(d) for d in dims):
         raise _bad_abstract(
-            role, result, "got no outputs; an op needs at least one (XLA skips pure calls whose results are not used)"
+            role,
+            result,
+            f"entry {k} has a shape whose dimensions are not all integers (a float or a bool is not a dimension)",
         )
-    outs = []
-    for k, entry in enumerate(result):
-        if not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3):
-            raise _bad_abstract(role, result, f"entry {k} is not a (shape, dtype) pair")
-        shape, dtype = entry[0], entry[1]
-        try:
-            if isinstance(shape, (str, bytes)):
-                raise TypeError("a string is not a shape")
-            dims = list(shape)
-            dtype = np.dtype(dtype)
-        except Exception:
-            raise _bad_abstract(role, result, f"entry {k} has no valid shape and dtype") from None
-        if not all(_is_dimension(d) for d in dims):
+    shape = tuple(int(d) for d in dims)
+    if any(d < 0 for d in shape):
+        raise _bad_abstract(role, result, f"entry {k} has a negative dimension")
+    check_dtype(dtype, role, f"output {k} (from its abstract)")
+    check_size(role, k, shape, dtype)
+    axis = entry[2] if len(entry) == 3 else None
+    if want_axis:
+        if not isinstance(axis, (int, np.integer)) or not -len(shape) <= axis < len(shape):
             raise _bad_abstract(
                 role,
                 result,
-                f"entry {k} has a shape whose dimensions are not all integers (a float or a bool is not a dimension)",
+                f"entry {k} needs a valid output batch axis as its third element "
+                f"(the op has func_can_batch=True and is being batched)",
             )
-        shape = tuple(int(d) for d in dims)
-        if any(d < 0 for d in shape):
-            raise _bad_abstract(role, result, f"entry {k} has a negative dimension")
-        check_dtype(dtype, role, f"output {k} (from its abstract)")
-        check_size(role, k, shape, dtype)
-        axis = entry[2] if len(entry) == 3 else None
-        if want_axis:
-            if not isinstance(axis, (int, np.integer)) or not -len(shape) <= axis < len(shape):
-                raise _bad_abstract(
-                    role,
-                    result,
-                    f"entry {k} needs a valid output batch axis as its third element "
-                    f"(the op has func_can_batch=True and is being batched)",
-                )
-            axis = int(axis) % len(shape)
-        outs.append((shape, dtype, axis))
-    if role.inplace_pairs:
-        check_inplace_outputs(role, structs, outs, None if batch_axes is None else role.abstract_inputs(batch_axes))
+        axis = int(axis) % len(shape)
+    return (shape, dtype, axis)
+
+
+def _role_outputs(role: Role, outs: list) -> list:
+    """The outputs the role computes of what its abstract declares: residuals checked, and a jvp's
+    tangents only (none for residuals or integer outputs)."""
     if role.declares_residuals:
         k = role.op.n_residuals
         if len(outs) <= k:

@@ -227,5 +227,5 @@ def test_programs_name_the_mapping():
     from jaxbind import _sites
 
     plain = jaxbind.get_nonlinear_call(relax, None, same, None, name="relax_plain")
-    assert "inplace" not in _sites._structure(plain.definition)
-    assert _sites._structure(op.definition)["inplace"] == [[0, 0]]
+    assert "inplace" not in _sites.structure(plain.definition)
+    assert _sites.structure(op.definition)["inplace"] == [[0, 0]]
