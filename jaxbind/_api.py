@@ -20,7 +20,7 @@ from ._arguments import (
 )
 from ._definition import CallbackKind, Family, OpDef, OpKind
 from ._op import Op
-from ._state import with_state
+from ._state import Setup
 
 __all__ = ["get_linear_call", "get_nonlinear_call"]
 
@@ -267,17 +267,17 @@ def get_linear_call(
             linear=True,
         )
         kind = OpKind.LINEAR
-    families = _stateful((family,), setup, setup_cache, name)
     return Op(
         OpDef(
             kind,
             name,
-            families,
+            (family,),
             first_n_args_fixed,
             func_can_batch,
             vmap_method,
             thread_safe=check_thread_safe(name, thread_safe),
             inplace=inplace_pairs(name, inplace),
+            setup=_setup((family,), setup, setup_cache, name),
         )
     )
 
@@ -447,8 +447,8 @@ def get_nonlinear_call(
 
     def nonlinear_op(families):
         flags = (first_n_args_fixed, func_can_batch, vmap_method, n_residuals, check_thread_safe(name, thread_safe))
-        stateful = _stateful(families, setup, setup_cache, name)
-        return Op(OpDef(OpKind.NONLINEAR, name, stateful, *flags, inplace=inplace_pairs(name, inplace)))
+        declared = _setup(families, setup, setup_cache, name)
+        return Op(OpDef(OpKind.NONLINEAR, name, families, *flags, inplace=inplace_pairs(name, inplace), setup=declared))
 
     if f_derivative is None:
         if abstract_reverse is not None:
@@ -487,8 +487,8 @@ def get_nonlinear_call(
     return nonlinear_op((forward, derivative))
 
 
-def _stateful(families: tuple, setup, setup_cache, name: str) -> tuple:
-    """The families as given, or, with ``setup``, their callbacks sharing one cache of states."""
+def _setup(families: tuple, setup, setup_cache, name: str) -> Setup | None:
+    """The op's declared ``setup`` (its function and the size of its cache of states), or None."""
     if setup is None:
-        return families
-    return with_state(families, setup, check_setup(name, setup, setup_cache, families), name)
+        return None
+    return Setup(setup, check_setup(name, setup, setup_cache, families))

@@ -65,7 +65,7 @@ from ._errors import JaxbindError
 from ._kwargs import Kwargs
 from ._native import NativeKernel
 from ._native_kwargs import kernel_kwargs
-from ._state import StatefulCallback, setup_inputs
+from ._state import setup_inputs
 
 __all__ = [
     "RESOLVED_KEPT",
@@ -342,8 +342,8 @@ def _register(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded, ke
         )
     else:
         dump = kwargs.with_values(batch_axes=batch_axes).dump if can_batch else kwargs.dump
-        if isinstance(callback, StatefulCallback):  # called with the state for its leading inputs
-            callback = callback.bind(setup_inputs(role, len(avals_in)), can_batch)
+        if role.op.setup is not None:  # called with the state of its leading inputs
+            callback = role.op.setup.bind(callback, setup_inputs(role, len(avals_in)), can_batch)
         serial = _trampoline.register_site(
             key, text, role.label, callback, dump, *layout, 0, [], valid_levels, role.op.thread_safe, *types
         )

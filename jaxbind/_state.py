@@ -1,10 +1,12 @@
 """State an op's callbacks share (``setup=``): made once per distinct inputs and kwargs, kept in a bounded
 cache that is never the owner of a result.
 
-An op made with ``setup=S`` keeps one :class:`StateCache` for all its callbacks.
-Each Python callback is wrapped in a :class:`StatefulCallback`; a call site binds
-it to the number of its leading inputs that setup takes (the primals of a
-nonlinear op, the fixed arguments of a linear one: :func:`setup_inputs`). A call
+An op made with ``setup=S`` declares it: its definition's ``setup`` is a
+:class:`Setup` (the function and the cache's size), which keeps one
+:class:`StateCache` for all the op's callbacks. The callbacks stay the user's; a
+call site binds each to the number of its leading inputs that setup takes (the
+primals of a nonlinear op, the fixed arguments of a linear one:
+:func:`setup_inputs`). A call
 finds the state made for those inputs' exact bytes and the call's kwargs, or
 makes it with ``S(inputs, kwargs)``, and calls ``callback(out, args,
 kwargs_dump, state)``. A state that is gone (evicted, another process, an op
@@ -15,7 +17,6 @@ so it is the same.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import pickle
 import threading
 import time
@@ -27,16 +28,7 @@ from . import _trampoline
 from ._definition import OpKind, name_of
 from ._errors import JaxbindError
 
-__all__ = [
-    "DEFAULT_SETUP_CACHE",
-    "SetupError",
-    "StateCache",
-    "StatefulCallback",
-    "setup_inputs",
-    "read_only",
-    "state_cache",
-    "with_state",
-]
+__all__ = ["DEFAULT_SETUP_CACHE", "Setup", "SetupError", "StateCache", "read_only", "setup_inputs", "state_cache"]
 
 # States an op keeps unless told otherwise: one input at a time needs one (the forward and its
 # derivatives share it); a vmapped gradient over B distinct inputs needs B (the forward walk makes
@@ -111,8 +103,8 @@ class _Entry:
 class StateCache:
     """The states of one op: at most ``size``, least recently used first out, found by exact bytes."""
 
-    def __init__(self, setup: Callable, size: int, op_name: str):
-        self.setup, self.size, self.op_name = setup, size, op_name
+    def __init__(self, setup: Callable, size: int):
+        self.setup, self.size = setup, size
         self._lock = threading.Lock()
         self._entries: collections.OrderedDict[tuple, list] = collections.OrderedDict()
         self._count = 0
@@ -262,40 +254,36 @@ def read_only(state, depth: int = 0):
     return items if kind is list else tuple(items)
 
 
-class StatefulCallback:
-    """A Python callback of an op with ``setup``, called with the state as its fourth argument.
+class Setup:
+    """An op's ``setup=`` as its definition declares it: the function and the size of its cache of states.
 
-    Equal for the same callback, setup and cache size (so that equal ops stay
-    equal and share compiled code); the cache is the op's. :meth:`bind` gives the
-    callable a call site registers.
+    Equal for the same function and size (so that equal ops stay equal and share
+    compiled code); the cache is this declaration's, and so the op's.
+    :meth:`bind` gives the callable a call site registers for one of the op's
+    Python callbacks.
     """
 
-    __slots__ = ("callback", "cache")
+    __slots__ = ("function", "size", "cache")
 
-    def __init__(self, callback: Callable, cache: StateCache):
-        self.callback, self.cache = callback, cache
-
-    @property
-    def __name__(self) -> str:  # (the labels in messages name the user's callback)
-        return name_of(self.callback)
-
-    def _key(self):
-        return (self.callback, self.cache.setup, self.cache.size)
+    def __init__(self, function: Callable, size: int):
+        self.function, self.size = function, size
+        self.cache = StateCache(function, size)
 
     def __eq__(self, other):
-        return type(other) is StatefulCallback and self._key() == other._key()
+        return type(other) is Setup and (self.function, self.size) == (other.function, other.size)
 
     def __hash__(self):
-        return hash(self._key())
+        return hash((self.function, self.size))
 
     def __repr__(self):
-        return f"<{name_of(self.callback)} with setup {name_of(self.cache.setup)}>"
+        return f"<setup {name_of(self.function)}, {self.size} state(s) kept>"
 
-    def bind(self, n_inputs: int, can_batch: bool) -> Callable:
-        """The callable ``(out, args, kwargs_dump)`` a call site runs: setup takes ``args[:n_inputs]``."""
-        callback, state_for = self.callback, self.cache.state_for
+    def bind(self, callback: Callable, n_inputs: int, can_batch: bool) -> Callable:
+        """The callable ``(out, args, kwargs_dump)`` a call site runs for ``callback``: it calls
+        ``callback(out, args, kwargs_dump, state)`` with the state setup makes of ``args[:n_inputs]``."""
+        state_for = self.cache.state_for
 
-        def with_state(out, args, kwargs_dump):
+        def call_with_state(out, args, kwargs_dump):
             state = state_for(args[:n_inputs], kwargs_dump, can_batch)
             try:
                 callback(out, args, kwargs_dump, state)
@@ -304,8 +292,8 @@ class StatefulCallback:
                     err.add_note(_READ_ONLY_NOTE)
                 raise
 
-        with_state.__name__ = name_of(callback)
-        return with_state
+        call_with_state.__name__ = name_of(callback)
+        return call_with_state
 
 
 def setup_inputs(role, n_in: int) -> int:
@@ -320,19 +308,6 @@ def setup_inputs(role, n_in: int) -> int:
     return n_in
 
 
-def with_state(families: tuple, setup, size: int, op_name: str) -> tuple:
-    """The families of an op made with ``setup``: every callback wrapped, all sharing one cache."""
-    cache = StateCache(setup, size, op_name)
-    return tuple(
-        dataclasses.replace(family, callbacks=tuple(StatefulCallback(cb, cache) for cb in family.callbacks))
-        for family in families
-    )
-
-
 def state_cache(definition):
     """The cache of states of an op made with ``setup``, or None."""
-    for family in definition.families:
-        for callback in family.callbacks:
-            if isinstance(callback, StatefulCallback):
-                return callback.cache
-    return None
+    return None if definition.setup is None else definition.setup.cache
