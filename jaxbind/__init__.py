@@ -32,11 +32,12 @@ from . import _install_check
 _install_check.warn_if_shared()
 
 from . import testing
-from ._api import get_linear_call, get_nonlinear_call
 from ._errors import JaxbindError
 from ._export import export
 from ._kwargs import load_kwargs
+from ._linear_call import get_linear_call
 from ._native import NativeKernel, get_include, native
+from ._nonlinear_call import get_nonlinear_call
 from ._numba import numba_kernel
 from ._op import Op
 from ._pure_callback import pure_callback

@@ -13,7 +13,7 @@ import numpy as np
 from ._definition import CallbackKind, name_of
 from ._native import NativeKernel, as_kernel
 from ._native_kwargs import kernel_kwargs
-from ._state import DEFAULT_SETUP_CACHE
+from ._state import DEFAULT_SETUP_CACHE, Setup
 from ._vmap_methods import DOOR_OP, accepted, method_of
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "check_native_kwargs",
     "check_no_setup_cache",
     "check_setup",
+    "declared_setup",
     "check_thread_safe",
     "drop_fixed_places",
     "inplace_pairs",
@@ -300,3 +301,10 @@ def check_native_kwargs(values: dict, definition) -> None:
             ) from None
     if not checked:
         kernel_kwargs(values, label)  # (refuses the types no kernel can take)
+
+
+def declared_setup(families: tuple, setup, setup_cache, name: str) -> Setup | None:
+    """What an op declares for ``setup=`` (its function and the size of its cache of states), checked; or None."""
+    if setup is None:
+        return None
+    return Setup(setup, check_setup(name, setup, setup_cache, families))

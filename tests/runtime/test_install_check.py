@@ -98,7 +98,7 @@ def test_warns_and_imports_when_the_other_distributions_metadata_lacks_fields(tm
     )
     assert returncode == 0, err
     lines = out.splitlines()
-    assert lines[0] == "jaxbind._api"  # this project's jaxbind, imported
+    assert lines[0] == "jaxbind._linear_call"  # this project's jaxbind, imported
     (warning,) = lines[1:]
     assert warning.startswith("WARNING jaxbind: this environment has two distributions")
     assert "JAXbind of an unknown version (the distribution `jaxbind`)" in warning
