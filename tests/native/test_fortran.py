@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 
+import _abi
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -339,48 +340,9 @@ def test_module_ships_beside_the_header():
 # ---------------------------------------------------------------------------
 
 
-class ArrayMirror(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("rank", ctypes.c_int64),
-        ("dtype", ctypes.c_int64),
-    ]
-
-
-class KwargMirror(ctypes.Structure):
-    _fields_ = [
-        ("name", ctypes.c_char_p),
-        ("type", ctypes.c_int64),
-        ("size", ctypes.c_int64),
-        ("int_value", ctypes.c_int64),
-        ("float_value", ctypes.c_double),
-        ("string_value", ctypes.c_char_p),
-        ("int_array", ctypes.POINTER(ctypes.c_int64)),
-        ("float_array", ctypes.POINTER(ctypes.c_double)),
-    ]
-
-
-class CallMirror(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_int64),
-        ("abi_version", ctypes.c_int64),
-        ("n_out", ctypes.c_int64),
-        ("out", ctypes.POINTER(ArrayMirror)),
-        ("n_in", ctypes.c_int64),
-        ("in", ctypes.POINTER(ArrayMirror)),
-        ("n_kwargs", ctypes.c_int64),
-        ("kwargs", ctypes.POINTER(KwargMirror)),
-        ("error", ctypes.c_void_p),
-        ("error_size", ctypes.c_int64),
-        ("kwarg_error", ctypes.c_void_p),
-        ("kwarg_error_size", ctypes.c_int64),
-    ]
-
-
 def ctypes_layout():
-    layout = [ctypes.sizeof(t) for t in (ArrayMirror, KwargMirror, CallMirror)]
-    for mirror in (ArrayMirror, KwargMirror, CallMirror):
+    layout = [ctypes.sizeof(t) for t in (_abi.Array, _abi.Kwarg, _abi.Call)]
+    for mirror in (_abi.Array, _abi.Kwarg, _abi.Call):
         layout += [getattr(mirror, name).offset for name, _ in mirror._fields_]
     return layout
 
@@ -410,8 +372,8 @@ def test_the_trampoline_fills_the_call_fortran_sees(flib):
 def call_directly(kernel, error_size):
     """Call a kernel through ctypes with a hand-made call: its return and error buffer."""
     buffer = ctypes.create_string_buffer(max(error_size, 1))
-    call = CallMirror(
-        ctypes.sizeof(CallMirror),
+    call = _abi.Call(
+        ctypes.sizeof(_abi.Call),
         2,
         0,
         None,
@@ -424,7 +386,7 @@ def call_directly(kernel, error_size):
         None,
         0,
     )
-    typed = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(CallMirror))(ctypes.cast(kernel, ctypes.c_void_p).value)
+    typed = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_abi.Call))(ctypes.cast(kernel, ctypes.c_void_p).value)
     return typed(ctypes.byref(call)), buffer.raw
 
 

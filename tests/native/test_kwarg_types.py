@@ -11,6 +11,7 @@ declared kinds. Values are checked against NumPy; errors by the parts of their t
 import ctypes
 import re
 
+import _abi
 import _kernels
 import jax
 import numpy as np
@@ -178,34 +179,14 @@ class CallV1(ctypes.Structure):
     assert [name for name, _ in Call._fields_[-2:]] == ["kwarg_error", "kwarg_error_size"]
 
 
-class Kwarg(ctypes.Structure):
-    _fields_ = [
-        ("name", ctypes.c_char_p),
-        ("type", ctypes.c_int64),
-        ("size", ctypes.c_int64),
-        ("int_value", ctypes.c_int64),
-        ("float_value", ctypes.c_double),
-        ("string_value", ctypes.c_char_p),
-        ("int_array", ctypes.c_void_p),
-        ("float_array", ctypes.c_void_p),
-    ]
-
-
-class Array(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("rank", ctypes.c_int64),
-        ("dtype", ctypes.c_int64),
-    ]
-
-
 def test_a_caller_of_version_1_gets_the_fallback_and_nothing_written_past_its_struct():
     # A kernel compiled against this header, called by a jaxbind of ABI version 1: its call has
     # no kwarg_error, which the accessor must not touch; it returns the fallback, as version 1 did.
     out, shape = np.full(3, np.nan), (ctypes.c_int64 * 1)(3)
-    array = Array(out.ctypes.data, shape, 1, 12)
-    kwargs = (Kwarg * 2)(Kwarg(b"how", 1, 1, 1, 0.0, None, None, None), Kwarg(b"v", 4, 3, 0, 0.0, b"0.1", None, None))
+    array = _abi.Array(out.ctypes.data, shape, 1, 12)
+    kwargs = (_abi.Kwarg * 2)(
+        _abi.Kwarg(b"how", 1, 1, 1, 0.0, None, None, None), _abi.Kwarg(b"v", 4, 3, 0, 0.0, b"0.1", None, None)
+    )
     error = ctypes.create_string_buffer(64)
     call = CallV1(
         ctypes.sizeof(CallV1),
