@@ -22,6 +22,23 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def machine(**extra) -> dict:
+    """What a results file says of the machine and the versions it was measured with (``extra`` added)."""
+    from importlib import metadata
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": metadata.version("jaxlib"),
+        "numpy": np.__version__,
+        **extra,
+    }
+
+
 def load_average() -> float:
     """The 1-minute load average when the run ends (a busy machine skews every row)."""
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

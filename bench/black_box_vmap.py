@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 
 import jax
@@ -33,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy
 import scipy.special
-from _timing import median_seconds
+from _timing import machine, median_seconds
 
 import jaxbind
 
@@ -181,13 +180,7 @@ def main():
             )
 
     results = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "jax": jax.__version__,
-            "numpy": np.__version__,
-            "scipy": scipy.__version__,
-        },
+        "machine": machine(scipy=scipy.__version__),
         "repeats": repeats,
         "n": 1000,
         "scipy_us": floor_us,

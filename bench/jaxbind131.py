@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 import warnings
@@ -44,7 +43,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp
 import numpy as np
 from _bodies import batched_abstract, empty_body, numpy_double, same_shape
-from _timing import cpu_model, fori_per_call, load_average, plain_per_call
+from _timing import fori_per_call, load_average, machine, plain_per_call
 
 import jaxbind
 
@@ -126,21 +125,7 @@ def main():
     started = time.time()
     check_results()
     load_before = os.getloadavg()
-    results = {
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "cpu": cpu_model(),
-            "cpus": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "jax": jax.__version__,
-            "jaxlib": metadata.version("jaxlib"),
-            "numpy": np.__version__,
-            "jaxbind": version,
-        },
-        "method": __doc__.split("Method, ")[1].strip(),
-        "per_call_us": {},
-    }
+    results = {"machine": machine(jaxbind=version), "method": __doc__.split("Method, ")[1].strip(), "per_call_us": {}}
     rng = np.random.default_rng(0)
     for size in sizes:
         x = jnp.asarray(rng.standard_normal(size))

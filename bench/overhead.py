@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import threading
 import time
@@ -33,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from _bodies import batched_abstract, empty_body, numpy_double, same_shape
 from _floor import ops as floor_ops
-from _timing import cpu_model, interleaved_per_call, interleaved_plain_per_call, load_average, looped, plain_per_call
+from _timing import interleaved_per_call, interleaved_plain_per_call, load_average, looped, machine, plain_per_call
 
 import jaxbind
 from jaxbind import _trampoline
@@ -187,38 +186,16 @@ def concurrency():
     return results
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
-    parser.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results.json"))
-    options = parser.parse_args()
-    global REPEATS, TARGET_SECONDS
-    sizes = [1, 1000, 1000000]
-    if options.quick:
-        REPEATS, TARGET_SECONDS, sizes = 3, 0.03, [1, 1000]
-    started = time.time()
-    results = {
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "cpu": cpu_model(),
-            "cpus": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "jax": jax.__version__,
-            "numpy": np.__version__,
-        },
-        "method": __doc__.split("Method")[1].strip(),
-        "checks": check_results(),
-        "per_call_us": {},
-    }
-    rng = np.random.default_rng(0)
+def per_call_table(sizes, rng, quick) -> dict:
+    """Per call of every case, by size: interleaved, on the calling thread and on a worker."""
+    table = {}
     for size in sizes:
         x = jnp.asarray(rng.standard_normal(size))
         row = {}
         names = [
             name
             for name, body in CASES.items()
-            if body is not None and not (name == "jax.pure_callback" and size >= 1000000 and options.quick)
+            if body is not None and not (name == "jax.pure_callback" and size >= 1000000 and quick)
         ]
         for worker in (False, True):
             seconds = interleaved_per_call([CASES[name] for name in names], x, worker, REPEATS, TARGET_SECONDS)
@@ -226,18 +203,24 @@ def main():
                 row[f"{name} [{'worker' if worker else 'caller'}]"] = s * 1e6
         row = {key: row[key] for name in names for key in (f"{name} [caller]", f"{name} [worker]")}
         row["numpy body alone"] = body_alone(size) * 1e6
-        results["per_call_us"][str(size)] = row
+        table[str(size)] = row
 
-    # the floor: the steps the handler cannot avoid, each alone
+    return table
+
+
+def floor_steps() -> dict:
+    """The steps the handler cannot avoid, each alone (ns)."""
     n = 200000
-    results["floor_ns"] = {
+    return {
         "gil_worker_thread": _trampoline._diag_gil(n, True),
         "gil_calling_thread": _trampoline._diag_gil(n, False),
         "views_and_tuples": _trampoline._diag_views(n),
         "python_call_empty": _trampoline._diag_call(empty_body, (np.zeros(1),), (np.ones(1),), b"", n),
     }
 
-    # gradient step, vmap, eager
+
+def other_costs(rng, per_call_us) -> dict:
+    """A gradient step, vmaps of 64 rows and eager calls from Python (us)."""
     x = jnp.asarray(rng.standard_normal(1000))
     forward = jax.jit(lambda v: python_op(v)[0])
     grad = jax.jit(jax.grad(lambda v: 0.5 * jnp.sum(python_op(v)[0] ** 2)))
@@ -258,9 +241,7 @@ def main():
     for name, fn in vmaps.items():
         if fn is None:
             other[f"vmap 64x1000: {name}"] = (
-                64 * results["per_call_us"]["1000"]["jaxbind python [caller]"]
-                if "1000" in results["per_call_us"]
-                else float("nan")
+                64 * per_call_us["1000"]["jaxbind python [caller]"] if "1000" in per_call_us else float("nan")
             )
         else:
             other[f"vmap 64x1000: {name}"] = per_call_plain(fn, xs) * 1e6
@@ -277,7 +258,24 @@ def main():
     }
     seconds = interleaved_plain_per_call([(fn, (x1,)) for fn in eager.values()], REPEATS, TARGET_SECONDS)
     other.update({name: s * 1e6 for name, s in zip(eager, seconds)})
-    results["other_us"] = other
+    return other
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
+    parser.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results.json"))
+    options = parser.parse_args()
+    global REPEATS, TARGET_SECONDS
+    sizes = [1, 1000, 1000000]
+    if options.quick:
+        REPEATS, TARGET_SECONDS, sizes = 3, 0.03, [1, 1000]
+    started = time.time()
+    results = {"machine": machine(), "method": __doc__.split("Method")[1].strip(), "checks": check_results()}
+    rng = np.random.default_rng(0)
+    results["per_call_us"] = per_call_table(sizes, rng, options.quick)
+    results["floor_ns"] = floor_steps()
+    results["other_us"] = other_costs(rng, results["per_call_us"])
     results["concurrency"] = concurrency()
     results["seconds"] = time.time() - started
     results["machine"]["load_at_end"] = load_average()
@@ -322,6 +320,18 @@ def print_tables(results):
 
 def print_ratios(results):
     """The targets of the speed issue, as ratios from this run."""
+    rows = _per_call_rows(results) + _other_rows(results)
+    results["ratios"] = {name: value for name, value, _ in rows}
+    print("\nRatios (this run) against targets:\n")
+    print("| ratio | value | target |")
+    print("|---|---:|---|")
+    for name, value, target in rows:
+        shown = f"1/{1 / value:.0f}" if value < 0.5 else f"{value:.2f}"
+        print(f"| {name} | {shown} | {target} |")
+
+
+def _per_call_rows(results) -> list:
+    """(name, ratio, target) of the per-call costs: one element, and 10^6 where measured."""
     pc = results["per_call_us"]
     one = pc["1"]
     rows = []
@@ -386,7 +396,13 @@ def print_ratios(results):
                 "<= 1.1 (no hidden copies)",
             )
         )
+    return rows
+
+
+def _other_rows(results) -> list:
+    """(name, ratio, target) of the walks, the gradient, eager calls and concurrency."""
     other = results["other_us"]
+    rows = []
     rows.append(
         (
             "vmap 64 walk / 64 single calls",
@@ -427,13 +443,7 @@ def print_ratios(results):
     )
     for name, c in results["concurrency"].items():
         rows.append((f"two branches / one, {name}", c["ratio"], "<= 1.3"))
-    results["ratios"] = {name: value for name, value, _ in rows}
-    print("\nRatios (this run) against targets:\n")
-    print("| ratio | value | target |")
-    print("|---|---:|---|")
-    for name, value, target in rows:
-        shown = f"1/{1 / value:.0f}" if value < 0.5 else f"{value:.2f}"
-        print(f"| {name} | {shown} | {target} |")
+    return rows
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from jaxbind._state import state_cache
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "demos"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 demo = importlib.import_module("11_sparse_solver_state")
-from _timing import cpu_model, load_average
+from _timing import load_average, machine
 
 
 def without_setup(grid):
@@ -202,16 +202,7 @@ def main():
     options = parser.parse_args()
     n, rounds = (96, 3) if options.quick else (192, 7)
     started = time.time()
-    results = {
-        "machine": {
-            "cpu": cpu_model(),
-            "cpus": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "jax": jax.__version__,
-            "numpy": np.__version__,
-        },
-        "method": __doc__.split("\n\n", 2)[2].strip(),
-    }
+    results = {"machine": machine(), "method": __doc__.split("\n\n", 2)[2].strip()}
     results["gradient"] = gradient_ratios(n, rounds)
     results["jacrev_8_outputs_factorizations"] = jacrev_factorizations()
     results["states"] = live_states()
