@@ -99,20 +99,8 @@ def _kv_pure_callback_jvp(primals, tangents):
     return kv_pure_callback(x), slope * t
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
-    parser.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results-vmap.json"))
-    options = parser.parse_args()
-    repeats = 31 if options.quick else 301
-    started = time.perf_counter()
-
-    rng = np.random.default_rng(0)
-    x_np = rng.uniform(0.5, 5.0, 1000)
-    x = jnp.asarray(x_np)
-    want = scipy.special.kv(ORDER, x_np)
-    want_grad = kv_prime(ORDER, x_np)
-
+def timed_rows(x_np) -> tuple[dict, tuple]:
+    """name -> (forward, gradient) of each method, and the empty op's pair (the fixed cost)."""
     rows = {"one SciPy call on the NumPy array": (lambda: scipy.special.kv(ORDER, x_np), None)}
     for method in METHODS:
         op = make_op(method)
@@ -136,19 +124,17 @@ def main():
         name="empty",
     )
     empty_f = lambda x: empty_op(ORDER, x)[0]
-    fixed_cost = (jax.jit(jax.vmap(empty_f)).__call__, jax.jit(jax.vmap(jax.grad(empty_f))).__call__)
+    return rows, (jax.jit(jax.vmap(empty_f)).__call__, jax.jit(jax.vmap(jax.grad(empty_f))).__call__)
 
-    for _name, (forward, gradient) in rows.items():  # every row computes the right numbers
-        np.testing.assert_allclose(np.asarray(forward() if gradient is None else forward(x)), want, rtol=1e-13)
-        if gradient is not None:
-            np.testing.assert_allclose(np.asarray(gradient(x)), want_grad, rtol=1e-13)
 
+def measure(rows: dict, fixed_cost, x, x_np, repeats):
+    """Per-call medians (µs) of every row and of its SciPy anchor, in the groups they are measured in."""
     # Two groups, each interleaved with its own SciPy call: the whole-batch
     # methods, and the slow ones (whose long calls keep XLA's worker threads
     # busy and would slow the short calls measured beside them on 2 cores).
     names_all = list(rows)
     scipy_name = names_all[0]
-    rows[EMPTY] = fixed_cost
+    rows = {**rows, EMPTY: fixed_cost}
     groups = [
         [n for n in names_all[1:] if "sequential" not in n and "pure_callback" not in n] + [EMPTY],
         [n for n in names_all[1:] if "sequential" in n or "pure_callback" in n],
@@ -162,6 +148,10 @@ def main():
             floor_us[n], grad_floor_us[n] = seconds[0], seconds[1]
             forward_us[n], grad_us[n] = seconds[2 + k], seconds[2 + len(group) + k]
 
+    return groups, forward_us, grad_us, floor_us, grad_floor_us
+
+
+def print_table(groups, forward_us, grad_us, floor_us, grad_floor_us, repeats):
     print(
         f"scipy.special.kv over 1,000 float64 scalars; median of {repeats} interleaved repetitions, "
         "one run; ratio = time / the same SciPy code called once on the NumPy array, measured "
@@ -179,6 +169,29 @@ def main():
                 f"{grad_us[n]:.1f} | {grad_floor_us[n]:.1f} | {grad_us[n] / grad_floor_us[n]:.2f} |"
             )
 
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results-vmap.json"))
+    options = parser.parse_args()
+    repeats = 31 if options.quick else 301
+    started = time.perf_counter()
+
+    rng = np.random.default_rng(0)
+    x_np = rng.uniform(0.5, 5.0, 1000)
+    x = jnp.asarray(x_np)
+    want = scipy.special.kv(ORDER, x_np)
+    want_grad = kv_prime(ORDER, x_np)
+
+    rows, fixed_cost = timed_rows(x_np)
+    for _name, (forward, gradient) in rows.items():  # every row computes the right numbers
+        np.testing.assert_allclose(np.asarray(forward() if gradient is None else forward(x)), want, rtol=1e-13)
+        if gradient is not None:
+            np.testing.assert_allclose(np.asarray(gradient(x)), want_grad, rtol=1e-13)
+
+    groups, forward_us, grad_us, floor_us, grad_floor_us = measure(rows, fixed_cost, x, x_np, repeats)
+    print_table(groups, forward_us, grad_us, floor_us, grad_floor_us, repeats)
     results = {
         "machine": machine(scipy=scipy.__version__),
         "repeats": repeats,
