@@ -22,126 +22,34 @@ Figures (PNG, 7 inches wide, for a page about 700 px wide):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
-import textwrap
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt
-from matplotlib.patches import Patch
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-RESULTS = os.path.join(HERE, "results")
-ROOT = os.path.dirname(HERE)
-OUT = os.path.join(ROOT, "docs", "_static", "figures")
-WIDTH = 7.0  # inches; saved at DPI, shown about 700 px wide
-DPI = 200
-
-# One colour per package: JAX's own callbacks grey, the original JAXbind orange, jaxbind blue.
-GREY, LIGHT_GREY = "#6b6b6b", "#b0b0b0"
-ORANGE, LIGHT_ORANGE = "#d9730d", "#f2b275"
-BLUE, LIGHT_BLUE, DARK_BLUE = "#1f5fa8", "#7fb2e5", "#0b2e59"
-GREEN = "#2e8b57"
-
-plt.rcParams.update(
-    {
-        "font.size": 9.5,
-        "axes.titlesize": 10.5,
-        "axes.labelsize": 9.5,
-        "legend.fontsize": 8.5,
-        "xtick.labelsize": 9,
-        "ytick.labelsize": 9,
-        "figure.titlesize": 11.5,
-        "axes.spines.top": False,
-        "axes.spines.right": False,
-        "savefig.facecolor": "white",
-    }
+from _figure_style import (
+    BLUE,
+    DARK_BLUE,
+    DPI,
+    GREY,
+    LIGHT_BLUE,
+    LIGHT_GREY,
+    LIGHT_ORANGE,
+    ORANGE,
+    OUT,
+    RESULTS,
+    ROOT,
+    WIDTH,
+    finish,
+    load,
+    load_runs,
+    number,
+    plt,
+    spread,
+    top_legend,
 )
-
-
-# ---------------------------------------------------------------------------
-# Results
-# ---------------------------------------------------------------------------
-
-
-def load(results, name):
-    """The wrapped results file NAME.json ({"run": ..., "results": ...}), or None if absent."""
-    path = os.path.join(results, f"{name}.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as handle:
-        return json.load(handle)
-
-
-def load_runs(results, stem):
-    """Every run of a benchmark that ran more than once (STEM-1.json, STEM-2.json, ...)."""
-    runs, k = [], 1
-    while (run := load(results, f"{stem}-{k}")) is not None:
-        runs.append(run)
-        k += 1
-    return runs
-
-
-def finish(fig, path, title, note, runs, sources, top=0.45):
-    """Title at the top, ``note`` (the method) and a footer (machine, versions, date, load, data files)
-    under the axes, then save. ``top``: inches kept under the title for a legend."""
-    height = fig.get_figheight()
-    first = runs[0]["run"]
-    v = first["versions"]
-    dates = sorted({r["run"]["started_utc"][:10] for r in runs})
-    loads = [x for r in runs for x in (r["run"]["load_average_before"][0], r["run"]["load_average_after"][0])]
-    packages = sorted({(r["run"]["versions"].get("jaxbind", "?"), r["run"]["versions"]["jax"]) for r in runs})
-    jaxes = sorted({jax for _, jax in packages})
-    what = " and ".join(("JAXbind " if b.startswith("1.") else "jaxbind ") + b for b, _ in packages)
-    machine = (
-        f"{first['cpus']} cores, Python {v['python']}, {what} on jax {' / '.join(jaxes)}, numpy {v['numpy']}"
-        + (f", numba {v['numba']}" if any("numba" in s for s in sources) else "")
-        + (f", scipy {v['scipy']}" if any("solvers" in s for s in sources) else "")
-        + f"; measured {', '.join(dates)}, load average "
-        + (f"{min(loads):.1f}–{max(loads):.1f}" if f"{min(loads):.1f}" != f"{max(loads):.1f}" else f"{min(loads):.1f}")
-    )
-    data = "Data: " + ", ".join(f"bench/results/{s}" for s in sources) + "; drawn by bench/figures.py"
-    fig.text(0.01, 0.06 / height, machine + "\n" + data, fontsize=7, color="#555555", va="bottom", linespacing=1.3)
-    note = "\n".join(textwrap.wrap(note, 128))  # 7.5 pt over 7 inches
-    lines = note.count("\n") + 1
-    fig.text(0.01, 0.42 / height, note, fontsize=7.5, color="#222222", va="bottom", linespacing=1.3)
-    fig.suptitle(title, x=0.01, y=1 - 0.08 / height, ha="left", va="top", fontweight="bold")
-    bottom = 0.5 + 0.15 * lines
-    fig.tight_layout(rect=(0, bottom / height, 1, 1 - (0.25 + top) / height))
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-
-
-def top_legend(fig, handles, labels, ncol):
-    height = fig.get_figheight()
-    fig.legend(
-        handles,
-        labels,
-        ncol=ncol,
-        loc="upper left",
-        bbox_to_anchor=(0.0, 1 - 0.3 / height),
-        frameon=False,
-        columnspacing=1.2,
-        handlelength=1.6,
-    )
-
-
-def number(value):
-    """3 significant digits, without an exponent."""
-    return f"{value:,.0f}" if value >= 999.5 else f"{value:.3g}"
-
-
-def spread(values):
-    """Median of the runs, and its distance to the lowest and the highest run (for error bars)."""
-    m = statistics.median(values)
-    return m, m - min(values), max(values) - m
-
+from _figure_vmap import BATCH_ROWS, vmap_batch_figure, vmap_cores_figure
+from matplotlib.patches import Patch
 
 # ---------------------------------------------------------------------------
 # (a) per call
@@ -239,165 +147,6 @@ def per_call_figure(results, path, mode="caller"):
 # ---------------------------------------------------------------------------
 # (b) vmap and the cores
 # ---------------------------------------------------------------------------
-
-
-def vmap_cores_figure(results, path):
-    numba, scaling, safe = load(results, "numba"), load(results, "scaling"), load(results, "thread_safe")
-    rows = []  # label, ratio, detail, colour
-    if numba:
-        for r in numba["results"]["every_core"]:
-            kind = "numba kernel" if r["kernel"].startswith("numba") else "C kernel"
-            rows.append(
-                (
-                    f"{kind}, ~{r['per_element_us']:.0f} µs per element\n(numba_kernels.py)",
-                    r["ratio"],
-                    f"{r['vmap_us'] / 1e3:.1f} ms vs {r['loop_us'] / 1e3:.1f} ms",
-                    GREEN if kind == "numba kernel" else DARK_BLUE,
-                )
-            )
-    if scaling:
-        for r in scaling["results"]["every_core"]:
-            label = (
-                f"C kernel, ~{r['loop_us'] / r['elements']:.0f} µs per element"
-                if "jb_busy" in r["case"]
-                else "C kernel, < 1 µs per element (4 numbers)"
-            )
-            detail = (
-                f"{r['vmap_us'] / 1e3:.1f} ms vs {r['loop_us'] / 1e3:.1f} ms"
-                if r["loop_us"] > 1000
-                else f"{r['vmap_us']:.1f} µs vs {r['loop_us']:.1f} µs"
-            )
-            rows.append((f"{label}\n(scaling.py)", r["ratio"], detail, DARK_BLUE))
-    if safe:
-        for label, r in safe["results"].items():
-            short = (
-                "Python callback, NumPy on 10⁵ numbers\n(releases the GIL; thread_safe.py)"
-                if "releases" in label
-                else "Python callback, Python loop\n(holds the GIL; thread_safe.py)"
-            )
-            rows.append(
-                (short, r["ratio"], f"{number(r['thread_safe_ms'])} ms vs {number(r['one_thread_ms'])} ms", BLUE)
-            )
-    if not rows:
-        raise SystemExit(f"no numba.json, scaling.json or thread_safe.json in {results}")
-    fig, ax = plt.subplots(figsize=(WIDTH, 0.6 * len(rows) + 2.6))
-    y = list(range(len(rows)))[::-1]
-    ax.barh(y, [r[1] for r in rows], height=0.6, color=[r[3] for r in rows])
-    for yi, (_, ratio, detail, _) in zip(y, rows):
-        ax.text(
-            ratio + 0.02,
-            yi,
-            f"{ratio:.2f}   ({detail})",
-            va="center",
-            fontsize=8,
-            bbox=dict(facecolor="white", edgecolor="none", pad=0.6, alpha=0.85),
-        )
-    ax.set_yticks(y, [r[0] for r in rows], fontsize=8.5)
-    top = max(1.6, max(r[1] for r in rows) + 0.95)
-    ax.set_xlim(0, top)
-    ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.axvline(0.5, color="black", linewidth=0.8, linestyle="--")
-    ax.text(1.0, len(rows) - 0.45, " 1: no gain", fontsize=7.5, va="bottom")
-    ax.text(0.5, len(rows) - 0.45, "2 cores' ideal ", fontsize=7.5, va="bottom", ha="right")
-    ax.set_xlabel("time of the vmapped call / time of the reference (lower is faster)")
-    ax.set_ylim(-0.6, len(rows) - 0.1)
-    top_legend(
-        fig,
-        [Patch(color=DARK_BLUE), Patch(color=GREEN), Patch(color=BLUE)],
-        [
-            "C kernel: vmap / 64 single calls in a fori_loop",
-            "numba kernel: vmap / 64 single calls in a fori_loop",
-            "Python callback: thread_safe=True / the one-thread walk",
-        ],
-        ncol=1,
-    )
-    note = (
-        "Each time: one whole jitted call, the median of interleaved repetitions after a warm-up "
-        "(bench/_timing.py); in brackets: the vmapped call against its reference."
-    )
-    runs = [r for r in (numba, scaling, safe) if r]
-    finish(
-        fig,
-        path,
-        "vmap over 64 elements: one call whose walk spreads over the cores",
-        note,
-        runs,
-        [n for n, r in (("numba.json", numba), ("scaling.json", scaling), ("thread_safe.json", safe)) if r],
-        top=0.5,
-    )
-
-
-# ---------------------------------------------------------------------------
-# vmap over 64 x 1000: the ways of batching a Python callback
-# ---------------------------------------------------------------------------
-
-BATCH_ROWS = [
-    # label, file stem, key in other_us, colour
-    (
-        "jax.pure_callback, vmap_method='sequential'",
-        "overhead",
-        "vmap 64x1000: pure_callback vmap_method=sequential",
-        GREY,
-    ),
-    (
-        "jax.pure_callback, vmap_method='expand_dims'",
-        "overhead",
-        "vmap 64x1000: pure_callback vmap_method=expand_dims",
-        LIGHT_GREY,
-    ),
-    (
-        "jax.pure_callback, vmap_method='broadcast_all'",
-        "overhead",
-        "vmap 64x1000: pure_callback vmap_method=broadcast_all",
-        LIGHT_GREY,
-    ),
-    ("JAXbind 1.3.1, without func_can_batch", "jaxbind131", "vmap 64x1000: JAXbind 1.3.1 (no func_can_batch)", ORANGE),
-    ("JAXbind 1.3.1, func_can_batch", "jaxbind131", "vmap 64x1000: JAXbind 1.3.1 func_can_batch", LIGHT_ORANGE),
-    (
-        "jaxbind, 64 single calls (64 × per call)",
-        "overhead",
-        "vmap 64x1000: 64 single calls of jaxbind python",
-        LIGHT_BLUE,
-    ),
-    ("jaxbind, without func_can_batch (one walk)", "overhead", "vmap 64x1000: jaxbind walk (no func_can_batch)", BLUE),
-    ("jaxbind, func_can_batch", "overhead", "vmap 64x1000: jaxbind func_can_batch", DARK_BLUE),
-]
-
-
-def vmap_batch_figure(results, path):
-    runs = {"overhead": load_runs(results, "overhead"), "jaxbind131": load_runs(results, "jaxbind131")}
-    rows = []
-    for label, stem, key, colour in BATCH_ROWS:
-        values = [r["results"]["other_us"][key] for r in runs[stem] if key in r["results"].get("other_us", {})]
-        values = [v for v in values if v == v]  # NaN when its run had no per-call row of 1000
-        if values:
-            rows.append((label, *spread(values), colour))
-    fig, ax = plt.subplots(figsize=(WIDTH, 0.42 * len(rows) + 2.2))
-    y = list(range(len(rows)))[::-1]
-    for yi, (_label, m, low, high, colour) in zip(y, rows):
-        ax.barh(yi, m, height=0.62, color=colour)
-        ax.errorbar(m, yi, xerr=[[low], [high]], fmt="none", ecolor="black", elinewidth=0.8, capsize=1.5)
-        ax.text(m + high, yi, f"  {number(m)} µs", va="center", fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlim(ax.get_xlim()[0], ax.get_xlim()[1] * 4)
-    ax.set_yticks(y, [r[0] for r in rows], fontsize=8.5)
-    ax.set_xlabel("time per jitted vmapped call, µs (log scale)")
-    ax.grid(axis="x", which="major", color="#dddddd", linewidth=0.6)
-    ax.set_axisbelow(True)
-    note = (
-        "Each: the median of timed batches of Python-level calls of the jitted vmapped function, except "
-        "jaxbind's 64 single calls: 64 × its per-call cost on 1,000 numbers (per_call.png). "
-        f"Bars: median of {len(runs['overhead'])} runs taking turns, whiskers: lowest and highest run."
-    )
-    finish(
-        fig,
-        path,
-        "vmap of y = 2 x (a NumPy callback) over a 64 × 1000 batch",
-        note,
-        runs["overhead"] + runs["jaxbind131"],
-        ["overhead-*.json", "jaxbind131-*.json"],
-        top=0.0,
-    )
 
 
 # ---------------------------------------------------------------------------
