@@ -146,7 +146,10 @@ def get_linear_call(
         need the same shape and dtype. Only the forward call is in place;
         the derivative and transpose callbacks run out of place. Under
         ``vmap`` each element's output is that element's argument (an
-        unmapped argument is broadcast first).
+        unmapped argument is broadcast first). The mapping runs from
+        output to argument: ``jax.ffi.ffi_call``'s
+        ``input_output_aliases={argument: output}`` is
+        ``inplace={output: argument}`` here.
     setup : callable, optional
         ``setup(args, kwargs) -> state``: makes what the callbacks need and
         should not make again at every call (a factorization, a plan, a

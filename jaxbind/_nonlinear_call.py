@@ -104,7 +104,9 @@ def get_nonlinear_call(
         :func:`jaxbind.get_linear_call`).
     inplace : dict, optional
         ``{output index: argument index}``: output *i* is argument *j*
-        updated in place (see :func:`jaxbind.get_linear_call`).
+        updated in place (see :func:`jaxbind.get_linear_call`); the
+        inverse of ``jax.ffi.ffi_call``'s ``input_output_aliases={argument:
+        output}``.
     setup : callable, optional
         ``setup(args, kwargs) -> state``: makes what ``f`` and its
         derivatives need and should not make again (a factorization, a plan,
