@@ -34,15 +34,11 @@ import dataclasses
 import enum
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
 
 from ._native import NativeKernel
-
-if TYPE_CHECKING:  # (_state sits above this module: it reads OpKind)
-    from ._state import Setup
 
 
 class _TextEnum(enum.StrEnum):
@@ -144,8 +140,9 @@ class OpDef:
     jax_callback: JaxCallback | None = None
     # ((output, argument), ...): forward outputs that are arguments updated in place (see _lowering)
     inplace: tuple[tuple[int, int], ...] = ()
-    # setup=: the state its Python callbacks share (a _state.Setup, which keeps the states), or None.
-    setup: Setup | None = None
+    # setup=: the state its Python callbacks share, or None. A _state.Setup (which keeps the states);
+    # not named here, since _state sits above this module (it reads OpKind).
+    setup: object | None = None
 
     # This process's state of the op, kept with the definition (it dies with it). Not part of
     # equality, not copied by dataclasses.replace (a variant is another op); set by the methods below.
