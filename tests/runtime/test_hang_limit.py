@@ -116,6 +116,8 @@ def test_pytest_timeout_ends_a_deadlocked_walk_with_every_threads_stack(runs):
 
 def test_faulthandler_ends_a_deadlocked_walk_with_every_threads_stack(runs):
     out = runs["faulthandler"][2]
-    stacks = _stacks(out, r"^((?:Current thread|Thread) 0x[0-9a-f]+) \(most recent call first\):$")
+    # (CPython 3.14 names the thread after its address when the system has a name for it:
+    # "Current thread 0x... [python] (most recent call first):")
+    stacks = _stacks(out, r"^((?:Current thread|Thread) 0x[0-9a-f]+)(?: \[[^\]\n]*\])? \(most recent call first\):$")
     _check_run(runs["faulthandler"], rf"^Timeout \(0:00:{LIMIT}\)!$", stacks)
     assert any(f"in {TEST}" in stack for stack in stacks.values()), (list(stacks), out[-6000:])
