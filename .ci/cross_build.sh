@@ -44,9 +44,23 @@ py=$work/venv/bin/python
 export ZIG_GLOBAL_CACHE_DIR=$work/zig-cache ZIG_LOCAL_CACHE_DIR=$work/zig-cache
 # CMake takes a compiler as one executable: small scripts that call zig with the target.
 mkdir -p "$work/bin"
+# zig's Mach-O linker makes no MH_BUNDLE (it ignores -bundle, CMake's flag for a module: a dylib, which
+# CPython's dlopen loads as well) and reads no ld64 response file (nanobind's `-Wl,@darwin-ld-cpython.sym`,
+# a -U for each name of Python's C API, which it knows neither): the macOS scripts link with -shared and
+# -undefined dynamic_lookup (what nanobind linked with before), and .ci/cross_check.py checks that every
+# name so left undefined is Python's.
 for target in $targets; do
   for tool in cc c++; do
-    printf '#!/bin/sh\nexec "%s" -m ziglang %s -target %s "$@"\n' "$py" "$tool" "$target" >"$work/bin/$target-$tool"
+    {
+      printf '#!/bin/sh\n'
+      case $target in
+        *-macos) printf '%s\n' 'for a in "$@"; do shift; case $a in' \
+          '  -bundle) set -- "$@" -shared ;;' \
+          '  -Wl,@*/darwin-ld-*.sym) set -- "$@" -Wl,-undefined,dynamic_lookup ;;' \
+          '  *) set -- "$@" "$a" ;;' 'esac; done' ;;
+      esac
+      printf 'exec "%s" -m ziglang %s -target %s "$@"\n' "$py" "$tool" "$target"
+    } >"$work/bin/$target-$tool"
   done
 done
 for tool in ar ranlib dlltool; do

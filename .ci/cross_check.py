@@ -3,7 +3,7 @@
     cross_check.py def INCLUDE NAME       a .def file of what CPython's headers in INCLUDE declare exported
     cross_check.py check TARGET MINOR DIR  checks the extension built in DIR for TARGET and Python MINOR
 
-The check reads the product with LIEF: its format, machine and kind (a Mach-O bundle, a PE32+ DLL), its
+The check reads the product with LIEF: its format, machine and kind (a Mach-O bundle or dylib, a PE32+ DLL), its
 name (the suffix CPython looks for on that platform), and what it needs from outside: Python's C API
 (names CPython's headers declare with PyAPI_FUNC or PyAPI_DATA) and the system's libraries, nothing else.
 """
@@ -35,6 +35,14 @@ def write_def(include, name):
         print(f"  {symbol} DATA")
 
 
+def libsystem_exports():
+    """The names macOS's libSystem exports: those of the SDK's stub zig links against (libSystem.tbd)."""
+    import ziglang
+
+    tbd = pathlib.Path(ziglang.__file__).parent / "lib" / "libc" / "darwin" / "libSystem.tbd"
+    return {name[1:] for name in re.findall(r"(?<![\w/])_[\w$.]+", tbd.read_text())}
+
+
 # The system's libraries the extension may need. macOS: libSystem (the C library, libm, pthreads,
 # the dynamic loader); zig links LLVM's libc++ into the extension. Windows: KERNEL32 and the C runtime
 # (the universal CRT's api-ms-win-crt-* forwarders, ucrtbase, or the older msvcrt).
@@ -57,6 +65,7 @@ def check(target, minor, build):
     product = products[0]
     include = pathlib.Path(build).parent / "include"
     funcs, data = python_api(include)
+    lief.logging.disable()  # (it warns of the zero-filled words zig's linker leaves in the header's padding)
     binary = lief.parse(str(product))
     problems = []
     if macos:
@@ -65,24 +74,33 @@ def check(target, minor, build):
         cpu = {"aarch64": lief.MachO.Header.CPU_TYPE.ARM64, "x86_64": lief.MachO.Header.CPU_TYPE.X86_64}
         if binary.header.cpu_type != cpu[target.split("-")[0]]:
             problems.append(f"CPU type {binary.header.cpu_type}, not {target}'s")
-        if binary.header.file_type != lief.MachO.Header.FILE_TYPE.BUNDLE:
-            problems.append(f"file type {binary.header.file_type}, not a bundle (MH_BUNDLE)")
-        libraries = [lib.name for lib in binary.libraries]
+        # (zig links a dylib where Apple's linker makes a bundle: CPython's dlopen loads either)
+        kind = binary.header.file_type
+        if kind not in (lief.MachO.Header.FILE_TYPE.BUNDLE, lief.MachO.Header.FILE_TYPE.DYLIB):
+            problems.append(f"file type {kind}, neither a bundle nor a dylib")
+        libraries = [lib.name for lib in binary.libraries if lib.command != lief.MachO.LoadCommand.TYPE.ID_DYLIB]
         problems += [f"links {lib}, not a system library" for lib in libraries if not _MACOS_LIBRARIES.match(lib)]
         # Each undefined symbol is found at load time: in libSystem (two-level namespace) or, looked up
-        # in the process (-undefined dynamic_lookup), in Python's C API.
+        # in the process (-undefined dynamic_lookup: zig's linker then looks up every name so, libSystem's
+        # too), in Python's C API or libSystem.
+        system_names = libsystem_exports()
         needed = {}
         for symbol in binary.symbols:
             if symbol.category != lief.MachO.Symbol.CATEGORY.UNDEFINED:
                 continue
             name = symbol.name[1:] if symbol.name.startswith("_") else symbol.name
-            library = symbol.library.name if symbol.has_binding_info and symbol.library else None
+            bound = symbol.binding_info if symbol.has_binding_info else None
+            library = bound.library.name if bound is not None and bound.library else None  # None: any image
+            if library is None and (name in funcs or name in data):
+                library = "Python"
+            elif library is None and name in system_names:
+                library = "/usr/lib/libSystem.B.dylib"
             needed[name] = library
-            if library is None and name not in funcs and name not in data:
-                problems.append(f"needs {name}, which is neither Python's C API nor from a system library")
-        python = sorted(n for n, lib in needed.items() if lib is None)
-        system = sorted(n for n, lib in needed.items() if lib is not None)
-        print(f"{product.name}: Mach-O {target.split('-')[0]} bundle, links {libraries}")
+            if library is None:
+                problems.append(f"needs {name}, which is neither Python's C API nor libSystem's")
+        python = sorted(n for n, lib in needed.items() if lib == "Python")
+        system = sorted(n for n, lib in needed.items() if lib not in (None, "Python"))
+        print(f"{product.name}: Mach-O {target.split('-')[0]} {str(kind).split('.')[-1].lower()}, links {libraries}")
     else:
         if not isinstance(binary, lief.PE.Binary):
             return [f"{product.name} is not a PE file"]
