@@ -2,23 +2,24 @@
 # CI check: the extension compiles and links for macOS and Windows, with the release toolchain (zig's
 # clang from the `ziglang` package, the version tools/build_release.sh pins). Nothing runs there: the
 # check is that CMake configures and builds `_trampoline` from CMakeLists.txt as it is, that the
-# product is a Mach-O arm64 bundle / a PE32+ x86-64 DLL named as CPython looks for it on that platform,
-# and that it needs nothing but Python's C API and the system's libraries (.ci/cross_check.py).
+# product is a Mach-O arm64 dylib (zig makes no bundle; CPython loads either) / a PE32+ x86-64 DLL named
+# as CPython looks for it on that platform, and that it needs nothing but Python's C API and the
+# system's libraries (.ci/cross_check.py). docs/architecture.md, issue 41, has the details.
 #
 # Targets (JAXBIND_CROSS_TARGETS, space-separated): aarch64-macos and x86_64-windows-gnu by default;
-# x86_64-macos too when named (it costs a second run of CPython's configure, ~5 minutes on 2 cores).
+# x86_64-macos too when named (it costs a second run of CPython's configure and zig's macOS libraries).
 # The target Python is the version of the python3 running this (CMake's FindPython wants the
 # interpreter it runs and the headers it compiles with to be one version). The target's headers:
 # - CPython's Include/ from Debian's source package of that Python (its upstream tarball, checked
 #   against the archive's SHA-256). pyconfig.h: Windows, PC/pyconfig.h(.in) of that tarball, as
 #   CPython's Windows build copies it; macOS, made by that tarball's configure run for the target
-#   with zig's clang (configure refuses to cross-build for Darwin: two lines of the script admit it).
+#   with zig's clang (configure refuses to cross-build for Darwin: a few lines of it are changed).
 #   Windows' import library python3XY.lib is made by zig's dlltool from the functions and data the
 #   headers declare as exported (PyAPI_FUNC, PyAPI_DATA).
 # - NumPy's headers from NumPy's wheel for the target (PyPI), XLA's FFI headers from jaxlib's wheel
 #   (the jaxlib pyproject.toml's build requirements pick for that Python).
 # JAXBIND_CI_KEEP_CROSS=1 (by hand, between tries) reuses the downloads, venv and headers made before.
-# Run as: bash .ci/cross_build.sh (needs python3 with venv, curl not needed; Debian and PyPI reachable).
+# Run as: bash .ci/cross_build.sh (needs python3 with venv, Debian's archive and PyPI; root not needed).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${JAXBIND_CROSS_DIR:-/var/tmp/jaxbind-cross}   # outside the repository: no tool walks into it

@@ -65,7 +65,7 @@ def check(target, minor, build):
     product = products[0]
     include = pathlib.Path(build).parent / "include"
     funcs, data = python_api(include)
-    lief.logging.disable()  # (it warns of the zero-filled words zig's linker leaves in the header's padding)
+    lief.logging.disable()  # (its own log lines, "Can't read value at offset", are not findings of the check)
     binary = lief.parse(str(product))
     problems = []
     if macos:
