@@ -41,8 +41,8 @@ struct RawFrame : ffi::RemainingArgs, ffi::RemainingRets {
 // The site a program's key names when this process has no live one yet: made
 // now from the call's description (a program made elsewhere, or one that
 // outlived its op).
-__attribute__((noinline)) const AnySite* SiteMadeNow(int64_t key, std::string_view call,
-                                                     ffi::Error* error) {
+JAXBIND_NOINLINE const AnySite* SiteMadeNow(int64_t key, std::string_view call,
+                                            ffi::Error* error) {
   std::string why;
   const AnySite* site = ResolveSite(key, call, &why);
   if (site == nullptr) *error = ffi::Error(ffi::ErrorCode::kInvalidArgument, why);

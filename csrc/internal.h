@@ -40,6 +40,15 @@
 #include <vector>
 
 #include "jaxbind.h"
+
+// A function kept out of its callers (the per-call path's cold branches): GCC
+// and Clang spell it as an attribute, MSVC as a declspec.
+#if defined(_MSC_VER) && !defined(__clang__)
+#define JAXBIND_NOINLINE __declspec(noinline)
+#else
+#define JAXBIND_NOINLINE __attribute__((noinline))
+#endif
+
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
@@ -239,9 +248,9 @@ void SetBufferTypes(Site& site, const std::vector<int64_t>& types, size_t n_args
                     size_t free_levels);
 inline bool BuffersAsRegistered(const Site& site, size_t n_in, void* const* ins, size_t n_out,
                                 void* const* outs);
-__attribute__((noinline)) ffi::Error BuffersRefused(const Site& site, size_t n_in,
-                                                    void* const* ins, size_t n_out,
-                                                    void* const* outs);
+JAXBIND_NOINLINE ffi::Error BuffersRefused(const Site& site, size_t n_in,
+                                           void* const* ins, size_t n_out,
+                                           void* const* outs);
 
 // ---- The GIL and shutdown (gil.cc) ------------------------------------------
 
@@ -319,13 +328,13 @@ ffi::Error RunNative(const NativeSite& site, size_t n_in, void* const* ins, size
 ffi::Error RunNativeChecked(const NativeSite& site, size_t n_in, void* const* ins, size_t n_out,
                             void* const* outs, ffi::ThreadPool* pool);
 // Out of line, so that padding does not change the code of calls without it.
-__attribute__((noinline)) ffi::Error RunNativeWholePadded(const NativeSite& site, size_t n_in,
-                                                          void* const* ins, size_t n_out,
-                                                          void* const* outs, ffi::ThreadPool* pool);
-__attribute__((noinline)) ffi::Error RunPythonWholePadded(const PythonSite& site,
-                                                          const PythonRefs& refs,
-                                                          const XLA_FFI_Args* args,
-                                                          const XLA_FFI_Rets* rets);
+JAXBIND_NOINLINE ffi::Error RunNativeWholePadded(const NativeSite& site, size_t n_in,
+                                                 void* const* ins, size_t n_out,
+                                                 void* const* outs, ffi::ThreadPool* pool);
+JAXBIND_NOINLINE ffi::Error RunPythonWholePadded(const PythonSite& site,
+                                                 const PythonRefs& refs,
+                                                 const XLA_FFI_Args* args,
+                                                 const XLA_FFI_Rets* rets);
 void SetNativeKwargs(NativeSite& site, nb::handle native_kwargs);
 
 // ---- The module (module.cc, diagnostics.cc, eager.cc) -----------------------

@@ -192,19 +192,19 @@ ffi::Error RunWholePadded(const Site& site, size_t n_in, void* const* ins, size_
 
 // Both out of line (see WalkPadded in walk.h): padding must not change how the
 // compiler lays out the calls of a batch without it.
-__attribute__((noinline)) ffi::Error RunNativeWholePadded(const NativeSite& site, size_t n_in,
-                                                          void* const* ins, size_t n_out,
-                                                          void* const* outs, ffi::ThreadPool* pool) {
+JAXBIND_NOINLINE ffi::Error RunNativeWholePadded(const NativeSite& site, size_t n_in,
+                                                 void* const* ins, size_t n_out,
+                                                 void* const* outs, ffi::ThreadPool* pool) {
   return RunWholePadded(site, n_in, ins, n_out, outs,
                         [&](size_t n, void* const* real_ins, void* const* real_outs) {
                           return RunNativeChecked(site, n, real_ins, n_out, real_outs, pool);
                         });
 }
 
-__attribute__((noinline)) ffi::Error RunPythonWholePadded(const PythonSite& site,
-                                                          const PythonRefs& refs,
-                                                          const XLA_FFI_Args* args,
-                                                          const XLA_FFI_Rets* rets) {
+JAXBIND_NOINLINE ffi::Error RunPythonWholePadded(const PythonSite& site,
+                                                 const PythonRefs& refs,
+                                                 const XLA_FFI_Args* args,
+                                                 const XLA_FFI_Rets* rets) {
   return RunWholePadded(site, args->size, args->args, rets->size, rets->rets,
                         [&](size_t n, void* const* ins, void* const* outs) {
                           XLA_FFI_Args real_args = *args;

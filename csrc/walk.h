@@ -94,8 +94,8 @@ bool WalkElements(const WalkPlan& plan, int64_t begin, int64_t end, CallOnce& ca
 // compiler lays out the walk of a batch without padding (measured: inlined
 // beside it, it made a Python walk 15% slower).
 template <typename CallOnce>
-__attribute__((noinline)) bool WalkPadded(const WalkPlan& plan, int64_t begin, int64_t end,
-                                          CallOnce& call_once) {
+JAXBIND_NOINLINE bool WalkPadded(const WalkPlan& plan, int64_t begin, int64_t end,
+                                 CallOnce& call_once) {
   return WalkElements<true>(plan, begin, end, call_once);
 }
 
