@@ -139,7 +139,8 @@ ffi::Error BuffersRefused(const Site& site, size_t n_in, void* const* ins, size_
     }
     t += 2 + rank;
   }
-  return ErrorText(&site, "internal error: a buffer differs from its call site's, but none was found");
+  return ErrorText(&site,
+                   "internal error: a buffer differs from its call site's, but none was found");
 }
 
 }  // namespace

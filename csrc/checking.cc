@@ -1,4 +1,5 @@
-// The checking mode: outputs filled with a sentinel before a call, then searched for elements left unwritten.
+// The checking mode: outputs filled with a sentinel before a call, then searched for elements left
+// unwritten.
 
 #include "internal.h"
 
@@ -23,11 +24,16 @@ size_t Sentinel(int64_t dtype, unsigned char* pattern) {
   switch (dtype) {
     case JAXBIND_FLOAT16: pattern[1] = 0x7D; break;   // 0x7DA5
     case JAXBIND_BFLOAT16: pattern[1] = 0x7F; break;  // 0x7FA5
-    case JAXBIND_FLOAT32: case JAXBIND_COMPLEX64:     // 0x7FA5A5A5
+    case JAXBIND_FLOAT32:
+    case JAXBIND_COMPLEX64:  // 0x7FA5A5A5
       for (int64_t h = 3; h < width; h += 4) pattern[h] = 0x7F;
       break;
-    case JAXBIND_FLOAT64: case JAXBIND_COMPLEX128:    // 0x7FF5A5A5A5A5A5A5
-      for (int64_t h = 7; h < width; h += 8) { pattern[h] = 0x7F; pattern[h - 1] = 0xF5; }
+    case JAXBIND_FLOAT64:
+    case JAXBIND_COMPLEX128:  // 0x7FF5A5A5A5A5A5A5
+      for (int64_t h = 7; h < width; h += 8) {
+        pattern[h] = 0x7F;
+        pattern[h - 1] = 0xF5;
+      }
       break;
     default: break;
   }
@@ -81,10 +87,14 @@ std::string FindUnwritten(size_t n_in, void* const* ins, size_t n_out, void* con
         index = std::to_string(rest % buf->dims[d]) + (index.empty() ? "" : ", ") + index;
         rest /= buf->dims[d];
       }
-      for (int64_t d = 0; d < buf->rank; ++d) shape += (d ? ", " : "") + std::to_string(buf->dims[d]);
-      return "output " + std::to_string(k) + " (shape (" + shape + ")) was not fully written: " +
-             std::to_string(count) + " element(s) still hold the checking mode's sentinel, the "
-             "first at index (" + index + "). A callback must write every element of every "
+      for (int64_t d = 0; d < buf->rank; ++d)
+        shape += (d ? ", " : "") + std::to_string(buf->dims[d]);
+      return "output " + std::to_string(k) + " (shape (" + shape +
+             ")) was not fully written: " + std::to_string(count) +
+             " element(s) still hold the checking mode's sentinel, the "
+             "first at index (" +
+             index +
+             "). A callback must write every element of every "
              "output (jaxbind.config.check_unwritten is on)";
     }
   }

@@ -23,10 +23,11 @@ constexpr int kStringDTypeNum = 2056;  // NPY_VSTRING (NumPy 2's StringDType; no
 struct OpCallState {
   Py_ssize_t plain_offset = 0;  // where an op keeps its dict: arity -> jitted call
   PyObject* slow = nullptr;     // Op._call(self, *args, **kwargs)
-  PyObject* failed = nullptr;   // _raise_failed_call(err): what a ValueError of the jitted call becomes
+  PyObject* failed =
+      nullptr;  // _raise_failed_call(err): what a ValueError of the jitted call becomes
   PyTypeObject* concrete[2] = {nullptr, nullptr};  // the argument types of the fast path, exactly
-  std::string doc;              // Op._call's docstring, with the signature
-  PyMethodDef def{};            // lives as long as the descriptor made from it: for good
+  std::string doc;                                 // Op._call's docstring, with the signature
+  PyMethodDef def{};  // lives as long as the descriptor made from it: for good
 };
 OpCallState g_op_call;
 
@@ -56,8 +57,8 @@ bool Concrete(PyObject* const* args, Py_ssize_t n) {
 // The jitted call the op keeps for n arguments (a new reference), or nullptr
 // without an error set.
 PyObject* PlainCall(PyObject* self, Py_ssize_t n) {
-  PyObject* plain = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(self) +
-                                                  g_op_call.plain_offset);
+  PyObject* plain =
+      *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(self) + g_op_call.plain_offset);
   if (plain == nullptr || !PyDict_CheckExact(plain) || PyDict_GET_SIZE(plain) == 0) return nullptr;
   PyObject* key = PyLong_FromSsize_t(n);  // a cached small int
   if (key == nullptr) {
@@ -130,7 +131,8 @@ nb::object MakeOpCall(nb::handle cls, const char* plain_slot, nb::handle slow, n
   nb::object slot = nb::getattr(cls, plain_slot, nb::none());  // (the class's member descriptor)
   PyObject* member = slot.ptr();
   if (!Py_IS_TYPE(member, &PyMemberDescr_Type) ||
-      reinterpret_cast<PyDescrObject*>(member)->d_type != reinterpret_cast<PyTypeObject*>(cls.ptr())) {
+      reinterpret_cast<PyDescrObject*>(member)->d_type !=
+          reinterpret_cast<PyTypeObject*>(cls.ptr())) {
     throw nb::type_error("make_op_call: the dict of jitted calls must be a slot of the class");
   }
   const PyMemberDef* def = reinterpret_cast<PyMemberDescrObject*>(member)->d_member;
@@ -148,9 +150,9 @@ nb::object MakeOpCall(nb::handle cls, const char* plain_slot, nb::handle slow, n
   nb::object doc = nb::getattr(slow, "__doc__", nb::none());
   g_op_call.doc = "__call__($self, /, *args, **kwargs)\n--\n\n" +
                   (doc.is_none() ? std::string() : nb::cast<std::string>(doc));
-  g_op_call.def = PyMethodDef{"__call__", reinterpret_cast<PyCFunction>(
-                                              reinterpret_cast<void (*)()>(&OpCall)),
-                              METH_FASTCALL | METH_KEYWORDS, g_op_call.doc.c_str()};
+  g_op_call.def =
+      PyMethodDef{"__call__", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&OpCall)),
+                  METH_FASTCALL | METH_KEYWORDS, g_op_call.doc.c_str()};
   PyObject* descriptor =
       PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), &g_op_call.def);
   if (descriptor == nullptr) throw nb::python_error();
@@ -161,7 +163,8 @@ void AddOpCall(nb::module_& m) {
   m.def("make_op_call", &MakeOpCall, nb::arg("cls"), nb::arg("plain_slot"), nb::arg("slow"),
         nb::arg("failed"), nb::arg("array_type"), nb::arg("ndarray_type"),
         "The method descriptor for cls.__call__: a call without kwargs whose arguments are all "
-        "exactly array_type or ndarray_type (in native byte order), and whose arity has a jitted call in the dict in "
+        "exactly array_type or ndarray_type (in native byte order), and whose arity has a jitted "
+        "call in the dict in "
         "slot plain_slot, calls it (a ValueError it raises goes to failed(err), which raises); "
         "every other call runs slow(self, *args, **kwargs).");
 }

@@ -22,8 +22,9 @@ std::string PyUnicodeToString(PyObject* s) {
   if (data != nullptr) return std::string(data, size);
   PyErr_Clear();
   PyObject* bytes = PyUnicode_AsEncodedString(s, "utf-8", "backslashreplace");
-  std::string text = bytes != nullptr ? std::string(PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes))
-                                      : std::string();
+  std::string text = bytes != nullptr
+                         ? std::string(PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes))
+                         : std::string();
   Py_XDECREF(bytes);
   PyErr_Clear();
   return text;
@@ -41,7 +42,11 @@ std::string ValidUtf8(const std::string& text) {
   const size_t n = text.size();
   for (size_t i = 0; i < n;) {
     const unsigned char c = s[i];
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xE  ? 3
+                 : (c >> 3) == 0x1E ? 4
+                                    : 0;
     bool ok = len != 0 && i + len <= n;
     for (size_t k = 1; ok && k < len; ++k) ok = (s[i + k] & 0xC0) == 0x80;
     if (ok && len > 1) {  // no overlong forms, surrogates or code points past U+10FFFF

@@ -132,11 +132,11 @@ bool SameBytes(nb::sequence first, nb::sequence second) {
     PyArrayObject* a = ContiguousArray(first[i]);
     PyArrayObject* b = ContiguousArray(second[i]);
     if (PyArray_DESCR(a)->type_num != PyArray_DESCR(b)->type_num ||
-        !PyArray_EquivTypes(PyArray_DESCR(a), PyArray_DESCR(b)) ||
-        !PyArray_SAMESHAPE(a, b)) {
+        !PyArray_EquivTypes(PyArray_DESCR(a), PyArray_DESCR(b)) || !PyArray_SAMESHAPE(a, b)) {
       return false;
     }
-    if (std::memcmp(PyArray_DATA(a), PyArray_DATA(b), static_cast<size_t>(PyArray_NBYTES(a))) != 0) {
+    if (std::memcmp(PyArray_DATA(a), PyArray_DATA(b), static_cast<size_t>(PyArray_NBYTES(a))) !=
+        0) {
       return false;
     }
   }

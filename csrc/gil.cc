@@ -1,9 +1,9 @@
 // The GIL from any thread, and the shutdown that keeps XLA's threads out of a finalizing Python.
 
-#include "internal.h"
-
 #include <chrono>
 #include <thread>
+
+#include "internal.h"
 
 namespace {
 

@@ -12,8 +12,8 @@ struct OwnedFrame {
       : buffers(args->size + rets->size), dims(buffers.size()), pointers(buffers.size()) {
     for (size_t i = 0; i < buffers.size(); ++i) {
       const bool is_in = i < static_cast<size_t>(args->size);
-      const auto* buf = static_cast<const XLA_FFI_Buffer*>(
-          is_in ? args->args[i] : rets->rets[i - args->size]);
+      const auto* buf =
+          static_cast<const XLA_FFI_Buffer*>(is_in ? args->args[i] : rets->rets[i - args->size]);
       buffers[i] = *buf;
       dims[i].assign(buf->dims, buf->dims + buf->rank);
       buffers[i].dims = dims[i].data();
@@ -30,19 +30,14 @@ struct OwnedFrame {
 // RemainingArgs/RemainingRets keep the raw frame protected; a member pointer
 // formed through a derived class reads it without copying or decoding.
 struct RawFrame : ffi::RemainingArgs, ffi::RemainingRets {
-  static const XLA_FFI_Args* Args(const ffi::RemainingArgs& a) {
-    return (a.*(&RawFrame::args))();
-  }
-  static const XLA_FFI_Rets* Rets(const ffi::RemainingRets& r) {
-    return (r.*(&RawFrame::rets))();
-  }
+  static const XLA_FFI_Args* Args(const ffi::RemainingArgs& a) { return (a.*(&RawFrame::args))(); }
+  static const XLA_FFI_Rets* Rets(const ffi::RemainingRets& r) { return (r.*(&RawFrame::rets))(); }
 };
 
 // The site a program's key names when this process has no live one yet: made
 // now from the call's description (a program made elsewhere, or one that
 // outlived its op).
-JAXBIND_NOINLINE const AnySite* SiteMadeNow(int64_t key, std::string_view call,
-                                            ffi::Error* error) {
+JAXBIND_NOINLINE const AnySite* SiteMadeNow(int64_t key, std::string_view call, ffi::Error* error) {
   std::string why;
   const AnySite* site = ResolveSite(key, call, &why);
   if (site == nullptr) *error = ffi::Error(ffi::ErrorCode::kInvalidArgument, why);
@@ -102,9 +97,10 @@ ffi::Future DispatchAsync(ffi::ThreadPool pool, std::string_view call, int64_t k
   const NativeSite* site = entry != nullptr ? std::get_if<NativeSite>(entry) : nullptr;
   if (site == nullptr) {
     if (entry != nullptr) {  // a program made where the op had a concurrent native kernel
-      unresolved = ErrorText(&BaseSite(*entry), "the program runs it as a concurrent native kernel, "
-                                              "but in this process it is not one: define the op "
-                                              "as the program's was");
+      unresolved = ErrorText(&BaseSite(*entry),
+                             "the program runs it as a concurrent native kernel, "
+                             "but in this process it is not one: define the op "
+                             "as the program's was");
     }
     promise->SetError(std::move(unresolved));
     return future;
@@ -119,8 +115,8 @@ ffi::Future DispatchAsync(ffi::ThreadPool pool, std::string_view call, int64_t k
   auto frame = std::make_shared<OwnedFrame>(raw_args, raw_rets);
   pool.Schedule([site, frame, promise]() {
     void* const* pointers = frame->pointers.data();
-    ffi::Error error = RunNative(*site, frame->n_in, pointers,
-                                 frame->pointers.size() - frame->n_in, pointers + frame->n_in,
+    ffi::Error error = RunNative(*site, frame->n_in, pointers, frame->pointers.size() - frame->n_in,
+                                 pointers + frame->n_in,
                                  /*pool=*/nullptr);
     if (error.success()) {
       promise->SetAvailable();
@@ -156,7 +152,8 @@ ffi::Error Instantiate(std::string_view call, int64_t key) {
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxbind_instantiate, Instantiate,
-                              ffi::Ffi::BindInstantiate().Attr<std::string_view>("jaxbind").Attr<int64_t>("site"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    jaxbind_instantiate, Instantiate,
+    ffi::Ffi::BindInstantiate().Attr<std::string_view>("jaxbind").Attr<int64_t>("site"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxbind_dispatch, Dispatch, DispatchBinding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxbind_dispatch_async, DispatchAsync, DispatchBinding());

@@ -5,8 +5,9 @@
 // derived from what defines the call (the same in every process), and
 // `jaxbind`, the call's description (op name, role, kwargs, layout) from which
 // a process that defines the op can make the site when it has not yet; the
-// site says which callable to run, with which kwargs, and how to walk a batch. The handler knows no calculus: jvp, transpose and batching rules
-// live in Python and only decide which site a custom call names.
+// site says which callable to run, with which kwargs, and how to walk a batch. The handler knows no
+// calculus: jvp, transpose and batching rules live in Python and only decide which site a custom
+// call names.
 //
 // csrc/ is one translation unit (CMakeLists.txt builds it with CMake's unity
 // build), so everything here has internal linkage and the compiler sees the
@@ -17,17 +18,17 @@
 #define JAXBIND_CSRC_INTERNAL_H_
 
 #ifndef JAXBIND_ONE_UNIT
-#error "csrc/*.cc are parts of one translation unit: build them with CMake's unity build (CMakeLists.txt)"
+#error \
+    "csrc/*.cc are parts of one translation unit: build them with CMake's unity build (CMakeLists.txt)"
 #endif
 
 #include <Python.h>
 
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
-
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
+#include <numpy/arrayobject.h>
 
 #include <atomic>
 #include <cstdint>
@@ -97,22 +98,50 @@ struct Site {
 };
 
 // A Python callback, called as callable(out, args, kwargs_dump).
+// A mutex only where CPython runs without a GIL (as nanobind's ft_mutex): on a GIL build the GIL
+// already orders what it guards, and locking it costs nothing.
+#ifdef Py_GIL_DISABLED
+using FtMutex = std::mutex;
+#else
+struct FtMutex {
+  void lock() {}
+  void unlock() {}
+};
+#endif
+
+// A flag one thread at a time may claim. Every claim is made with the GIL, so on a GIL build a load
+// and a store suffice; without a GIL, an atomic exchange.
+class ClaimFlag {
+ public:
+  bool Claim() {
+#ifdef Py_GIL_DISABLED
+    return !busy_.exchange(true, std::memory_order_acquire);
+#else
+    if (busy_.load(std::memory_order_relaxed)) return false;
+    busy_.store(true, std::memory_order_relaxed);
+    return true;
+#endif
+  }
+  void Return() { busy_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> busy_{false};
+};
+
 struct PythonSite : Site {
   // Borrowed from the site's Python handle (which the garbage collector sees);
-  // null once the site is released. Read and cleared under the GIL, and, on
-  // CPython builds without a GIL, under `refs` too (PythonRefs::Hold,
-  // ReleaseSite): a release on another thread must not free them between a
-  // call's read and its new reference.
+  // null once the site is released. Read and cleared under the GIL and under
+  // `refs` (PythonRefs::Hold, ReleaseSite), a lock only without a GIL: a release
+  // on another thread must not free them between a call's read and its new
+  // reference.
   PyObject* callable = nullptr;
   PyObject* kwargs_dump = nullptr;  // bytes, handed to every call unchanged
-#ifdef Py_GIL_DISABLED
-  mutable std::mutex refs;
-#endif
+  mutable FtMutex refs;
   // The (args, out) tuples of views from the last call, reused while nobody
   // else holds them (claimed by ClaimViewCache).
   mutable PyObject* cached_in = nullptr;
   mutable PyObject* cached_out = nullptr;
-  mutable std::atomic<bool> cache_busy{false};
+  mutable ClaimFlag cache_claim;
   // Declared safe to call on several threads at once: a walk may then spread
   // over XLA's thread pool, each thread taking the GIL (see RunPython).
   bool thread_safe = false;
@@ -123,21 +152,23 @@ struct PythonSite : Site {
   mutable std::atomic<int> serial_walks{0};
 };
 
-// New references to a Python site's callable and kwargs, which one dispatch
-// holds for every call it makes (with the GIL; dropped with it). A program may
-// outlive the Python holders of its sites (JAX may run an executable after it
-// dropped its Python half): the site's release then takes nothing from a
-// dispatch that runs it.
 // Whether CPython is ending this thread (it waited for the GIL while the
 // interpreter finalized, and CPython < 3.13.8 then calls pthread_exit, whose
 // unwinding runs the destructors of the frames it leaves). Built with libstdc++
-// the dispatch catches that unwinding (abi::__forced_unwind) and abandons what
-// it holds; libc++ has no such type (and a catch (...) that rethrows it
-// terminates the process), so there the holders' destructors ask this.
+// the dispatch catches that unwinding (abi::__forced_unwind, UnlessEndedByPython
+// in python_call.cc) and abandons what it holds; libc++ has no such type (and a
+// catch (...) that rethrows it terminates the process), so there the holders'
+// destructors ask this.
 #if !defined(__GLIBCXX__)
 bool EndedByPython();
 #endif
 
+// New references to a Python site's callable and kwargs, which one dispatch
+// takes with the GIL and holds for every call it makes; its destructor drops
+// them, before the dispatch's GIL holder releases the GIL. A program may
+// outlive the Python holders of its sites (JAX may run an executable after it
+// dropped its Python half): the site's release then takes nothing from a
+// dispatch that runs it.
 class PythonRefs {
  public:
   PythonRefs() = default;
@@ -152,9 +183,7 @@ class PythonRefs {
   PythonRefs& operator=(const PythonRefs&) = delete;
   // The site's, if it is not released; false otherwise.
   bool Hold(const PythonSite& site) {
-#ifdef Py_GIL_DISABLED
-    std::lock_guard<std::mutex> lock(site.refs);
-#endif
+    std::lock_guard<FtMutex> lock(site.refs);
     if (site.callable == nullptr) return false;
     callable_ = site.callable;
     kwargs_dump_ = site.kwargs_dump;
@@ -174,21 +203,10 @@ class PythonRefs {
 
 // The view cache's claim: a re-entrant or overlapping call (another thread,
 // while this callback released the GIL, or a parallel walk) makes its own
-// views. Every claim is made with the GIL, so on a GIL build a load and a
-// store suffice; without a GIL, an atomic exchange.
-inline bool ClaimViewCache(const PythonSite& site) {
-#ifdef Py_GIL_DISABLED
-  return !site.cache_busy.exchange(true, std::memory_order_acquire);
-#else
-  if (site.cache_busy.load(std::memory_order_relaxed)) return false;
-  site.cache_busy.store(true, std::memory_order_relaxed);
-  return true;
-#endif
-}
+// views.
+inline bool ClaimViewCache(const PythonSite& site) { return site.cache_claim.Claim(); }
 
-inline void ReturnViewCache(const PythonSite& site) {
-  site.cache_busy.store(false, std::memory_order_release);
-}
+inline void ReturnViewCache(const PythonSite& site) { site.cache_claim.Return(); }
 
 // A kwarg of a native kernel with the storage its C view points into.
 struct NativeKwarg {
@@ -230,11 +248,11 @@ const AnySite* ResolveSite(int64_t key, std::string_view call, std::string* erro
 bool CheckProgramSite(int64_t key, std::string_view call, std::string* error);
 void SetResolver(nb::handle resolve, nb::handle check);
 int64_t RegisterSite(int64_t key, std::string description, std::string name, nb::handle callable,
-                     nb::bytes kwargs_dump,
-                     size_t levels, const std::vector<std::vector<int>>& in_masks,
-                     uintptr_t native_address, nb::handle native_kwargs, size_t valid_levels,
-                     bool thread_safe, const std::vector<int64_t>& types, size_t n_args,
-                     size_t n_rets, size_t free_levels);
+                     nb::bytes kwargs_dump, size_t levels,
+                     const std::vector<std::vector<int>>& in_masks, uintptr_t native_address,
+                     nb::handle native_kwargs, size_t valid_levels, bool thread_safe,
+                     const std::vector<int64_t>& types, size_t n_args, size_t n_rets,
+                     size_t free_levels);
 void ReleaseSite(int64_t serial);
 // The Python site a dispatch calls now, its references in `refs` (with the
 // GIL): `site`, or the site made anew for `key` if `site` was released (the
@@ -248,9 +266,8 @@ void SetBufferTypes(Site& site, const std::vector<int64_t>& types, size_t n_args
                     size_t free_levels);
 inline bool BuffersAsRegistered(const Site& site, size_t n_in, void* const* ins, size_t n_out,
                                 void* const* outs);
-JAXBIND_NOINLINE ffi::Error BuffersRefused(const Site& site, size_t n_in,
-                                           void* const* ins, size_t n_out,
-                                           void* const* outs);
+JAXBIND_NOINLINE ffi::Error BuffersRefused(const Site& site, size_t n_in, void* const* ins,
+                                           size_t n_out, void* const* outs);
 
 // ---- The GIL and shutdown (gil.cc) ------------------------------------------
 
@@ -329,10 +346,9 @@ ffi::Error RunNativeChecked(const NativeSite& site, size_t n_in, void* const* in
                             void* const* outs, ffi::ThreadPool* pool);
 // Out of line, so that padding does not change the code of calls without it.
 JAXBIND_NOINLINE ffi::Error RunNativeWholePadded(const NativeSite& site, size_t n_in,
-                                                 void* const* ins, size_t n_out,
-                                                 void* const* outs, ffi::ThreadPool* pool);
-JAXBIND_NOINLINE ffi::Error RunPythonWholePadded(const PythonSite& site,
-                                                 const PythonRefs& refs,
+                                                 void* const* ins, size_t n_out, void* const* outs,
+                                                 ffi::ThreadPool* pool);
+JAXBIND_NOINLINE ffi::Error RunPythonWholePadded(const PythonSite& site, const PythonRefs& refs,
                                                  const XLA_FFI_Args* args,
                                                  const XLA_FFI_Rets* rets);
 void SetNativeKwargs(NativeSite& site, nb::handle native_kwargs);

@@ -1,12 +1,12 @@
 // The call of a native kernel: its kwargs made at registration, the runner, the parallel walk.
 
-#include "walk.h"
-
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+
+#include "walk.h"
 
 namespace {
 
@@ -23,11 +23,14 @@ void SetNativeKwargs(NativeSite& site, nb::handle native_kwargs) {
       kw.name = nb::cast<std::string>(entry[0]);
       kw.type = nb::cast<int64_t>(entry[1]);
       switch (kw.type) {
-        case JAXBIND_KW_INT: case JAXBIND_KW_BOOL: kw.int_value = nb::cast<int64_t>(entry[2]); break;
+        case JAXBIND_KW_INT:
+        case JAXBIND_KW_BOOL: kw.int_value = nb::cast<int64_t>(entry[2]); break;
         case JAXBIND_KW_FLOAT: kw.float_value = nb::cast<double>(entry[2]); break;
         case JAXBIND_KW_STRING: kw.string_value = nb::cast<std::string>(entry[2]); break;
         case JAXBIND_KW_INT_ARRAY: kw.int_array = nb::cast<std::vector<int64_t>>(entry[2]); break;
-        case JAXBIND_KW_FLOAT_ARRAY: kw.float_array = nb::cast<std::vector<double>>(entry[2]); break;
+        case JAXBIND_KW_FLOAT_ARRAY:
+          kw.float_array = nb::cast<std::vector<double>>(entry[2]);
+          break;
         default: throw nb::value_error("unknown native kwarg type");
       }
     } catch (const std::exception& err) {
@@ -114,15 +117,22 @@ ffi::Error RunNativeDirect(const NativeSite& site, size_t n_in, void* const* ins
   char error[2048], kwarg_error[kKwargErrorSize];
   error[0] = '\0';
   kwarg_error[0] = '\0';
-  jaxbind_call call{static_cast<int64_t>(sizeof(jaxbind_call)), JAXBIND_ABI_VERSION,
-                    static_cast<int64_t>(n_out), out, static_cast<int64_t>(n_in), in,
-                    static_cast<int64_t>(site.kwargs.size()), site.kwargs.data(), error,
-                    static_cast<int64_t>(sizeof(error)), kwarg_error,
+  jaxbind_call call{static_cast<int64_t>(sizeof(jaxbind_call)),
+                    JAXBIND_ABI_VERSION,
+                    static_cast<int64_t>(n_out),
+                    out,
+                    static_cast<int64_t>(n_in),
+                    in,
+                    static_cast<int64_t>(site.kwargs.size()),
+                    site.kwargs.data(),
+                    error,
+                    static_cast<int64_t>(sizeof(error)),
+                    kwarg_error,
                     static_cast<int64_t>(sizeof(kwarg_error))};
   const int code = site.kernel(&call);
   if (code == 0 && kwarg_error[0] == '\0') return ffi::Error::Success();
-  return ErrorText(&site, KernelFailure(site, error, sizeof(error), code, kwarg_error,
-                                        sizeof(kwarg_error)));
+  return ErrorText(
+      &site, KernelFailure(site, error, sizeof(error), code, kwarg_error, sizeof(kwarg_error)));
 }
 
 // Runs a native kernel over elements of a walk: descriptors on the stack, no
@@ -131,8 +141,13 @@ ffi::Error RunNativeDirect(const NativeSite& site, size_t n_in, void* const* ins
 class NativeRunner {
  public:
   NativeRunner(const NativeSite& site, const WalkPlan& plan, void* const* ins, void* const* outs)
-      : site_(site), plan_(plan), ins_(ins), outs_(outs),
-        n_in_(plan.valid != nullptr ? plan.n_in - 1 : plan.n_in), in_(plan.n_in), out_(plan.n_out) {
+      : site_(site),
+        plan_(plan),
+        ins_(ins),
+        outs_(outs),
+        n_in_(plan.valid != nullptr ? plan.n_in - 1 : plan.n_in),
+        in_(plan.n_in),
+        out_(plan.n_out) {
     const int64_t out_skip = static_cast<int64_t>(site.levels);
     for (size_t i = 0; i < n_in_; ++i) {
       auto* buf = static_cast<XLA_FFI_Buffer*>(ins[i]);
@@ -145,12 +160,18 @@ class NativeRunner {
     }
     error_[0] = '\0';
     kwarg_error_[0] = '\0';
-    call_ = jaxbind_call{static_cast<int64_t>(sizeof(jaxbind_call)), JAXBIND_ABI_VERSION,
-                         static_cast<int64_t>(plan.n_out), out_.data(),
-                         static_cast<int64_t>(n_in_), in_.data(),
+    call_ = jaxbind_call{static_cast<int64_t>(sizeof(jaxbind_call)),
+                         JAXBIND_ABI_VERSION,
+                         static_cast<int64_t>(plan.n_out),
+                         out_.data(),
+                         static_cast<int64_t>(n_in_),
+                         in_.data(),
                          static_cast<int64_t>(site.kwargs.size()),
-                         site.kwargs.data(), error_, static_cast<int64_t>(sizeof(error_)),
-                         kwarg_error_, static_cast<int64_t>(sizeof(kwarg_error_))};
+                         site.kwargs.data(),
+                         error_,
+                         static_cast<int64_t>(sizeof(error_)),
+                         kwarg_error_,
+                         static_cast<int64_t>(sizeof(kwarg_error_))};
   }
   NativeRunner(const NativeRunner&) = delete;
   NativeRunner& operator=(const NativeRunner&) = delete;
@@ -217,7 +238,8 @@ ffi::Error RunNativeWalk(const NativeSite& site, size_t n_in, void* const* ins, 
       return false;
     });
   };
-  for (int64_t h = 0, helpers = walk->Helpers(threads); h < helpers; ++h) pool->Schedule([work]() { work(); });
+  for (int64_t h = 0, helpers = walk->Helpers(threads); h < helpers; ++h)
+    pool->Schedule([work]() { work(); });
   work();
   walk->Wait();
   if (walk->failed.load()) return ErrorText(&site, walk->error);

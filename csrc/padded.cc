@@ -1,4 +1,5 @@
-// Whole calls over a padded batch: the callee sees the real elements only, padding outputs are zeroed.
+// Whole calls over a padded batch: the callee sees the real elements only, padding outputs are
+// zeroed.
 
 #include "walk.h"
 
@@ -145,7 +146,8 @@ class WholePadded {
     std::vector<int64_t> index(levels_, 0);
     for (int64_t e = 0; e < real_; ++e) {
       int64_t offset = 0;
-      for (size_t l = 0; l < levels_; ++l) offset += index[l] * DimStride(buf, static_cast<int64_t>(l));
+      for (size_t l = 0; l < levels_; ++l)
+        offset += index[l] * DimStride(buf, static_cast<int64_t>(l));
       if (gather) {
         std::memcpy(dense + e * bytes, base + offset, static_cast<size_t>(bytes));
       } else {
@@ -175,12 +177,13 @@ class WholePadded {
 template <typename Run>
 ffi::Error RunWholePadded(const Site& site, size_t n_in, void* const* ins, size_t n_out,
                           void* const* outs, Run&& run) {
-  if (n_in == 0) return ErrorText(&site, "internal error: a padded batch without its validity operand");
+  if (n_in == 0)
+    return ErrorText(&site, "internal error: a padded batch without its validity operand");
   WholePadded whole(site, n_in, ins, n_out, outs);
   std::string bad = whole.Plan();
   if (!bad.empty()) return ErrorText(&site, bad);
   if (whole.full()) return run(n_in - 1, ins, outs);  // (the validity operand is last)
-  if (whole.real() == 0) {  // a block of padding only: no call
+  if (whole.real() == 0) {                            // a block of padding only: no call
     whole.Finish();
     return ffi::Error::Success();
   }
@@ -193,16 +196,15 @@ ffi::Error RunWholePadded(const Site& site, size_t n_in, void* const* ins, size_
 // Both out of line (see WalkPadded in walk.h): padding must not change how the
 // compiler lays out the calls of a batch without it.
 JAXBIND_NOINLINE ffi::Error RunNativeWholePadded(const NativeSite& site, size_t n_in,
-                                                 void* const* ins, size_t n_out,
-                                                 void* const* outs, ffi::ThreadPool* pool) {
+                                                 void* const* ins, size_t n_out, void* const* outs,
+                                                 ffi::ThreadPool* pool) {
   return RunWholePadded(site, n_in, ins, n_out, outs,
                         [&](size_t n, void* const* real_ins, void* const* real_outs) {
                           return RunNativeChecked(site, n, real_ins, n_out, real_outs, pool);
                         });
 }
 
-JAXBIND_NOINLINE ffi::Error RunPythonWholePadded(const PythonSite& site,
-                                                 const PythonRefs& refs,
+JAXBIND_NOINLINE ffi::Error RunPythonWholePadded(const PythonSite& site, const PythonRefs& refs,
                                                  const XLA_FFI_Args* args,
                                                  const XLA_FFI_Rets* rets) {
   return RunWholePadded(site, args->size, args->args, rets->size, rets->rets,

@@ -8,6 +8,26 @@
 
 namespace {
 
+// Runs body() and returns what it returns. When CPython ends this thread inside
+// it (it waited for the GIL while the interpreter finalized: see Shutdown), the
+// unwinding is a libstdc++ abi::__forced_unwind: abandon() gives up what may not
+// be dropped without the GIL, and the unwinding goes on. libc++ has no such type
+// (there the holders' destructors ask EndedByPython instead).
+template <typename Body, typename Abandon>
+auto UnlessEndedByPython(Body&& body, Abandon&& abandon) -> decltype(body()) {
+#if defined(__GLIBCXX__)
+  try {
+    return body();
+  } catch (abi::__forced_unwind&) {
+    abandon();
+    throw;
+  }
+#else
+  (void)abandon;
+  return body();
+#endif
+}
+
 // Builds (out, args) tuples of views for one batch element and calls the site.
 // `in_offsets`/`out_offsets` are byte offsets into each buffer. On failure,
 // `error` is the message of the error the call becomes.
@@ -53,10 +73,11 @@ bool CallOnce(const PythonSite& site, const PythonRefs& refs, const XLA_FFI_Args
       } else {
         *error += "\n(Besides, the callback";
       }
-      *error += " kept a reference to one of its `out` or `args` arrays (or a view of one, or "
-                "a weak reference) after returning; these arrays view memory that is only "
-                "valid during the call, and the kept ones are now empty: store a copy "
-                "instead (np.array(x))";
+      *error +=
+          " kept a reference to one of its `out` or `args` arrays (or a view of one, or "
+          "a weak reference) after returning; these arrays view memory that is only "
+          "valid during the call, and the kept ones are now empty: store a copy "
+          "instead (np.array(x))";
       if (!ok) *error += ")";
       ok = false;
       kept = true;
@@ -102,14 +123,15 @@ bool RunPythonParallel(const PythonSite& site, const PythonRefs& refs, const Wal
                        std::string* error) {
   const int out_skip = static_cast<int>(site.levels);
   // (The helpers use the dispatch's references: it waits for them below.)
-  auto run = [&site, &refs, &plan, callee, rets, out_skip](int64_t begin, int64_t end, std::string* why) {
+  auto run = [&site, &refs, &plan, callee, rets, out_skip](int64_t begin, int64_t end,
+                                                           std::string* why) {
     return WalkRange(plan, begin, end, [&](const int64_t* in_off, const int64_t* out_off) {
       return CallOnce(site, refs, callee, rets, in_off, out_off, out_skip, why);
     });
   };
   auto helper = [walk, run]() {
     if (walk->next.load() >= walk->n_chunks) return;  // started late: nothing left to claim
-    GilHold gil;  // held until this thread has no chunk left
+    GilHold gil;                                      // held until this thread has no chunk left
     if (!gil.held()) {
       walk->Work([](int64_t, int64_t, std::string* why) {
         *why = "the callback was not run: the Python interpreter is shutting down";
@@ -117,24 +139,15 @@ bool RunPythonParallel(const PythonSite& site, const PythonRefs& refs, const Wal
       });
       return;
     }
-#if defined(__GLIBCXX__)
-    try {
-#endif
-      walk->Work(run, /*helper=*/true);
-#if defined(__GLIBCXX__)
-    } catch (abi::__forced_unwind&) {
-      gil.Abandon();  // CPython ends this thread: Python is finalizing (see Shutdown)
-      throw;
-    }
-#endif
+    UnlessEndedByPython([&] { walk->Work(run, /*helper=*/true); }, [&] { gil.Abandon(); });
   };
-  for (int64_t h = 0, helpers = walk->Helpers(threads); h < helpers; ++h) pool->Schedule([helper]() { helper(); });
+  for (int64_t h = 0, helpers = walk->Helpers(threads); h < helpers; ++h)
+    pool->Schedule([helper]() { helper(); });
   walk->Work(run);
   // The helpers need the GIL to finish the chunks they claimed; when this
   // thread did them all (bodies that hold the GIL), there is nothing to hand over.
   if (!walk->AllDone()) {
-    Py_BEGIN_ALLOW_THREADS
-    walk->Wait();
+    Py_BEGIN_ALLOW_THREADS walk->Wait();
     Py_END_ALLOW_THREADS
   }
   // No helper got the GIL while this thread worked: the body holds it (or the
@@ -155,7 +168,8 @@ ffi::Error RunPythonOnce(const PythonSite& site, const PythonRefs& refs, const X
   const bool check = g_check_unwritten.load(std::memory_order_relaxed);
   if (check) FillSentinel(args->size, args->args, rets->size, rets->rets);
   std::string error;
-  if (!CallOnce(site, refs, args, rets, /*in_offsets=*/nullptr, /*out_offsets=*/nullptr, 0, &error)) {
+  if (!CallOnce(site, refs, args, rets, /*in_offsets=*/nullptr, /*out_offsets=*/nullptr, 0,
+                &error)) {
     return ffi::Error(ffi::ErrorCode::kInternal, ValidUtf8(error));
   }
   if (check) {
@@ -225,19 +239,16 @@ ffi::Error CallPython(const PythonSite* site, int64_t key, std::string_view call
   std::string why;
   site = HoldPythonSite(site, key, call, &refs, &why);
   if (site == nullptr) return ffi::Error(ffi::ErrorCode::kInvalidArgument, why);
-#if defined(__GLIBCXX__)
-  try {
-#endif
-    return site->valid_levels != 0 && site->levels == 0
-               ? RunPythonWholePadded(*site, refs, args, rets)
-               : RunPython(*site, refs, args, rets, pool);
-#if defined(__GLIBCXX__)
-  } catch (abi::__forced_unwind&) {
-    refs.Abandon();  // CPython ends this thread: Python is finalizing (see Shutdown)
-    gil.Abandon();
-    throw;
-  }
-#endif
+  return UnlessEndedByPython(
+      [&] {
+        return site->valid_levels != 0 && site->levels == 0
+                   ? RunPythonWholePadded(*site, refs, args, rets)
+                   : RunPython(*site, refs, args, rets, pool);
+      },
+      [&] {
+        refs.Abandon();
+        gil.Abandon();
+      });
 }
 
 }  // namespace

@@ -2,10 +2,10 @@
 // made elsewhere names a site this process has not made yet), read lock-free
 // by XLA's threads.
 
-#include "internal.h"
-
 #include <algorithm>
 #include <mutex>
+
+#include "internal.h"
 
 namespace {
 
@@ -105,17 +105,20 @@ void SetResolver(nb::handle resolve, nb::handle check) {
 bool CallWithDescription(PyObject* fn, int64_t key, std::string_view call, std::string* error) {
   GilHold gil;
   if (!gil.held()) {
-    *error = "jaxbind: the program's call site was not resolved: the Python interpreter is "
-             "shutting down";
+    *error =
+        "jaxbind: the program's call site was not resolved: the Python interpreter is "
+        "shutting down";
     return false;
   }
   if (fn == nullptr) {
     *error = "jaxbind: internal error: no call-site resolver is set";
     return false;
   }
-  PyObject* text = PyUnicode_DecodeUTF8(call.data(), static_cast<Py_ssize_t>(call.size()), "replace");
+  PyObject* text =
+      PyUnicode_DecodeUTF8(call.data(), static_cast<Py_ssize_t>(call.size()), "replace");
   PyObject* py_key = PyLong_FromLongLong(key);
-  PyObject* result = text && py_key ? PyObject_CallFunctionObjArgs(fn, py_key, text, nullptr) : nullptr;
+  PyObject* result =
+      text && py_key ? PyObject_CallFunctionObjArgs(fn, py_key, text, nullptr) : nullptr;
   Py_XDECREF(text);
   Py_XDECREF(py_key);
   if (result != nullptr) {
@@ -147,8 +150,9 @@ const AnySite* ResolveSite(int64_t key, std::string_view call, std::string* erro
     if (!CallWithDescription(g_resolver, key, call, error)) return nullptr;
     if (const AnySite* site = LookupSite(key)) return site;
   }
-  *error = "jaxbind: the program's call site was released as soon as it was made, three times: the "
-           "op it names was freed each time (keep the op alive while its programs run)";
+  *error =
+      "jaxbind: the program's call site was released as soon as it was made, three times: the "
+      "op it names was freed each time (keep the op alive while its programs run)";
   return nullptr;
 }
 
@@ -190,11 +194,11 @@ void SetLayout(Site& site, size_t levels, const std::vector<std::vector<int>>& i
 // that the garbage collector sees them) and releases the site before it lets
 // them go. Returns the site's serial number, which the handle releases it by.
 int64_t RegisterSite(int64_t key, std::string description, std::string name, nb::handle callable,
-                     nb::bytes kwargs_dump,
-                     size_t levels, const std::vector<std::vector<int>>& in_masks,
-                     uintptr_t native_address, nb::handle native_kwargs, size_t valid_levels,
-                     bool thread_safe, const std::vector<int64_t>& types, size_t n_args,
-                     size_t n_rets, size_t free_levels) {
+                     nb::bytes kwargs_dump, size_t levels,
+                     const std::vector<std::vector<int>>& in_masks, uintptr_t native_address,
+                     nb::handle native_kwargs, size_t valid_levels, bool thread_safe,
+                     const std::vector<int64_t>& types, size_t n_args, size_t n_rets,
+                     size_t free_levels) {
   if (key <= 0) throw nb::value_error("a call-site key is positive");
   std::unique_ptr<AnySite> entry;
   if (native_address != 0) {
@@ -248,9 +252,7 @@ void ReleaseSite(int64_t serial) {
   }
   if (python == nullptr) return;
   {
-#ifdef Py_GIL_DISABLED
-    std::lock_guard<std::mutex> refs(python->refs);
-#endif
+    std::lock_guard<FtMutex> refs(python->refs);
     python->callable = nullptr;
     python->kwargs_dump = nullptr;
   }

@@ -41,9 +41,7 @@ char* ElementData(void* buffer, int64_t offset) {
 }
 
 // How many leading dimensions of input `i` are batch levels the handler walks.
-int InputSkip(const Site& site, size_t i) {
-  return site.in_mapped.empty() ? 0 : site.in_mapped[i];
-}
+int InputSkip(const Site& site, size_t i) { return site.in_mapped.empty() ? 0 : site.in_mapped[i]; }
 
 // A NumPy array over XLA's memory (`data`, never null): no copy, read-only for inputs.
 PyObject* MakeView(const XLA_FFI_Buffer* buf, char* data, int skip_dims, bool writable) {
@@ -103,8 +101,8 @@ PyObject* ViewTuple(PyObject* cached, void* const* buffers, int64_t n, const int
   PyObject* tuple = PyTuple_New(n);
   for (int64_t i = 0; tuple != nullptr && i < n; ++i) {
     PyObject* view = MakeView(static_cast<XLA_FFI_Buffer*>(buffers[i]),
-                              ElementData(buffers[i], offsets != nullptr ? offsets[i] : 0), skip_of(i),
-                              writable);
+                              ElementData(buffers[i], offsets != nullptr ? offsets[i] : 0),
+                              skip_of(i), writable);
     if (view == nullptr) {
       Py_CLEAR(tuple);
     } else {
@@ -168,7 +166,8 @@ void RetireArray(nb::handle obj) {
     for (int i = 0; i < multi->numiter; ++i) RetireFlatIterator(multi->iters[i]);
     return;
   }
-  if (!PyArray_Check(o)) throw nb::type_error("not a NumPy array, flat iterator or broadcast object");
+  if (!PyArray_Check(o))
+    throw nb::type_error("not a NumPy array, flat iterator or broadcast object");
   if (PyArray_CHKFLAGS(reinterpret_cast<PyArrayObject*>(o), NPY_ARRAY_OWNDATA)) {
     throw nb::value_error("the array owns its memory");
   }
@@ -218,7 +217,8 @@ bool KeptAfterCollecting(PyObject* in_tuple, Py_ssize_t ours_in, PyObject* out_t
 void RetireViews(PyObject* in_tuple, PyObject* out_tuple, bool overlapping) {
   PyObject* held = overlapping ? PyList_New(0) : nullptr;
   for (PyObject* tuple : {in_tuple, out_tuple}) {
-    for (Py_ssize_t i = 0; held != nullptr && tuple != nullptr && i < PyTuple_GET_SIZE(tuple); ++i) {
+    for (Py_ssize_t i = 0; held != nullptr && tuple != nullptr && i < PyTuple_GET_SIZE(tuple);
+         ++i) {
       PyObject* view = PyTuple_GET_ITEM(tuple, i);
       if (ViewKept(view)) PyList_Append(held, view);
     }

@@ -5,12 +5,12 @@
 #ifndef JAXBIND_CSRC_WALK_H_
 #define JAXBIND_CSRC_WALK_H_
 
-#include "internal.h"
-
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+
+#include "internal.h"
 
 namespace {
 
@@ -39,8 +39,12 @@ class SmallBuffer {
 // every buffer, read off the buffers themselves.
 struct WalkPlan {
   WalkPlan(size_t levels, size_t n_in, size_t n_out)
-      : levels(levels), n_in(n_in), n_out(n_out), sizes(levels),
-        in_strides(n_in * levels), out_strides(n_out * levels) {}
+      : levels(levels),
+        n_in(n_in),
+        n_out(n_out),
+        sizes(levels),
+        in_strides(n_in * levels),
+        out_strides(n_out * levels) {}
   size_t levels, n_in, n_out;
   int64_t total = 1;                 // number of elements
   SmallBuffer<int64_t> sizes;        // per level
@@ -48,10 +52,10 @@ struct WalkPlan {
   SmallBuffer<int64_t> out_strides;  // [output * levels + level]
   // A padded batch (the validity operand): input `valid_input` says which elements
   // are real; the others are not called and their outputs are zeroed.
-  const char* valid = nullptr;   // the validity operand's data (null: no padding)
-  size_t valid_input = 0;        // its index among the inputs (its offsets are in_off's)
-  bool valid_wide = false;       // int64 rather than int32
-  void* const* outs = nullptr;   // the outputs, for zeroing padding elements
+  const char* valid = nullptr;  // the validity operand's data (null: no padding)
+  size_t valid_input = 0;       // its index among the inputs (its offsets are in_off's)
+  bool valid_wide = false;      // int64 rather than int32
+  void* const* outs = nullptr;  // the outputs, for zeroing padding elements
 };
 
 int64_t DimStride(const XLA_FFI_Buffer* buf, int64_t dim);
@@ -195,7 +199,8 @@ struct ChunkedWalk {
         done_chunk.ok = true;  // (another chunk's failure is the error)
         continue;
       }
-      done_chunk.ok = run(first + c * chunk, std::min(total, first + (c + 1) * chunk), &done_chunk.why);
+      done_chunk.ok =
+          run(first + c * chunk, std::min(total, first + (c + 1) * chunk), &done_chunk.why);
     }
   }
 
