@@ -9,6 +9,7 @@ import os
 import sys
 
 import _subprocesses
+import numpy as np
 import pytest
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_persistence_job.py")
@@ -92,3 +93,48 @@ def test_export_without_jax_export_says_what_to_install(monkeypatch):
         r"pip install absl-py",
     ):
         jaxbind.export(jax.jit(lambda x: x))
+
+
+PURE_CALLBACK_JOB = """
+import os, sys, json
+import jax, jax.numpy as jnp, numpy as np
+import jaxbind
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+spec = jax.ShapeDtypeStruct((3,), jnp.float32)
+
+@jax.jit
+def with_jaxbind(x):
+    return jaxbind.pure_callback(np.sin, spec, x) + 1
+
+@jax.jit
+def with_jax(x):
+    return jax.pure_callback(np.sin, spec, x) + 1
+
+x = jnp.arange(3.0, dtype=jnp.float32)
+print(json.dumps({"jaxbind": with_jaxbind(x).tolist(), "jax": with_jax(x).tolist()}))
+"""
+
+
+def test_a_pure_callback_program_is_cached_as_jax_caches_its_own(tmp_path):
+    # JAX writes no entry for a program with a host callback before jax 0.11 and writes one from 0.11 on;
+    # jaxbind.pure_callback's programs hold one too (they run synchronously, as JAX's): the same rule.
+    cache = tmp_path / "cache"
+    script = tmp_path / "pure_callback_job.py"
+    script.write_text(PURE_CALLBACK_JOB)
+    runs = []
+    for _ in range(2):
+        returncode, out, err = _subprocesses.run(
+            [sys.executable, str(script), str(cache)], TIMEOUT, "pure_callback job"
+        )
+        assert returncode == 0, out + err
+        runs.append((json.loads(out.strip().splitlines()[-1]), files_in(cache)))
+    (first, written), (second, again) = runs
+    expected = (np.sin(np.arange(3.0, dtype=np.float32)) + 1).tolist()
+    for values in (first, second):
+        np.testing.assert_allclose(values["jaxbind"], expected, rtol=1e-6)
+        np.testing.assert_allclose(values["jax"], values["jaxbind"], rtol=1e-6)
+    entries = lambda name: [f for f in written if f.startswith(f"jit_{name}-")]
+    assert len(entries("with_jaxbind")) == len(entries("with_jax")), written
+    assert again == written  # the second process loaded what the first wrote (or compiled again, writing nothing)
