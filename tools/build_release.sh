@@ -16,7 +16,7 @@
 # headers and libgcc_s come from Debian 13's arm64 packages (tools/debian_debs.sh: apt-get, no root),
 # the build runs on an x86_64 CPython 3.13 (PYTHON_AARCH64=..., else pyenv's or PATH's python3.13),
 # which names the wheel cp313 and whose NumPy headers serve (docs/architecture.md, issue 41).
-# JAXBIND_RELEASE_AARCH64=0 builds the native wheel only.
+# JAXBIND_RELEASE_AARCH64=0 builds the native wheel only (and without those tools it is left out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 glibc=2.27
@@ -86,16 +86,22 @@ auditwheel repair --plat "manylinux_${glibc/./_}_$arch" --wheel-dir dist dist/ra
 auditwheel show dist/*"_$arch.whl"
 
 # The aarch64 wheel, cross-built from the same sdist with zig targeting aarch64 and glibc 2.27.
-if [ "$arch" = x86_64 ] && [ "${JAXBIND_RELEASE_AARCH64:-1}" != 0 ]; then
-  # An x86_64 CPython 3.13 runs the build: it names the wheel cp313 and runs CMake's queries
-  # (nanobind's folder, NumPy's and XLA's headers: the same files for aarch64, but for _numpyconfig.h,
-  # whose every definition is the same for the two LP64 targets: docs/architecture.md, issue 41).
-  python313=${PYTHON_AARCH64:-$(ls -d "$(pyenv root 2>/dev/null || echo /root/.pyenv)"/versions/3.13.*/bin/python3.13 2>/dev/null | sort -V | tail -1 || true)}
-  python313=${python313:-$(command -v python3.13 || true)}
-  if [ -z "$python313" ]; then
-    echo "build_release.sh: the aarch64 wheel is built by an x86_64 CPython 3.13: none found (PYTHON_AARCH64=..., or JAXBIND_RELEASE_AARCH64=0 to build the native wheel only)" >&2
-    exit 1
-  fi
+# An x86_64 CPython 3.13 runs the build: it names the wheel cp313 and runs CMake's queries (nanobind's
+# folder, NumPy's and XLA's headers: the same files for aarch64, docs/architecture.md, issue 41).
+# Without one, or without apt-get and dpkg-deb, the aarch64 wheel is left out, saying so (CI's
+# check_release.py then fails on the missing wheel); JAXBIND_RELEASE_AARCH64=1 makes that an error.
+python313=${PYTHON_AARCH64:-$(ls -d "$(pyenv root 2>/dev/null || echo /root/.pyenv)"/versions/3.13.*/bin/python3.13 2>/dev/null | sort -V | tail -1 || true)}
+python313=${python313:-$(command -v python3.13 || true)}
+aarch64=${JAXBIND_RELEASE_AARCH64:-auto}
+if [ "$arch" != x86_64 ] || [ "$aarch64" = 0 ]; then
+  aarch64=0
+elif [ -z "$python313" ] || ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then
+  echo "build_release.sh: no aarch64 wheel: it needs an x86_64 CPython 3.13 (PYTHON_AARCH64=...; found:" \
+    "${python313:-none}) and apt-get and dpkg-deb (Debian's arm64 Python headers)" >&2
+  if [ "$aarch64" = 1 ]; then exit 1; fi
+  aarch64=0
+fi
+if [ "$aarch64" != 0 ]; then
   # The target's Python headers (pyconfig.h is per architecture) and libgcc_s, from Debian 13's arm64
   # packages (the Python the wheel is for), unpacked under build/.
   target=$PWD/build/aarch64-target
