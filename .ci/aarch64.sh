@@ -99,7 +99,7 @@ for glibc in 17 26 27 28 31 34 35 36 38 39 41; do platforms+=(--platform "manyli
 platforms+=(--platform manylinux2014_aarch64 --platform linux_aarch64)
 rm -rf "$site"
 pip_python=${python313:-python3}
-"$pip_python" -m pip install --quiet --disable-pip-version-check --target "$site" "${platforms[@]}" \
+"$pip_python" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --target "$site" "${platforms[@]}" \
   --only-binary=:all: --python-version 3.13 --implementation cp --abi cp313 "$wheel[test]"
 
 # The tests and what they read besides the package, as the wheel lane copies them, and the release
