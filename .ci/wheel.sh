@@ -30,7 +30,7 @@ rm -rf "$venv"
 # shellcheck disable=SC1091
 source "$venv/bin/activate"
 python -m pip install --quiet --upgrade pip
-wheel=$(ls dist/jaxbind_ffi-*-manylinux*.whl)
+wheel=$(ls dist/jaxbind_ffi-*-manylinux*_"$(uname -m)".whl)  # (dist/ also holds the aarch64 wheel: .ci/aarch64.sh)
 pip install "$wheel[test]" "jax==$oldest" "jaxlib==$oldest"
 
 # The tests and what they read besides the package (pyproject.toml's pytest settings, the guides a test
