@@ -17,7 +17,8 @@
 # Then, under emulation: the README's example with its numbers checked, and the tests .ci/aarch64-subset.txt
 # names (a subset: emulation is ~100x slower, the whole suite would take a day; the file says what it
 # covers). JAXBIND_AARCH64_TESTS="tests/api/test_kwargs.py tests/native" runs another selection (node
-# ids or paths, as pytest takes them). JAXBIND_CI_KEEP_CHROOT=1 reuses a root made before (for tries by
+# ids or paths, as pytest takes them), JAXBIND_AARCH64_LIST=FILE the node ids a file lists (one test of
+# every file: .ci/aarch64-every-file.txt). JAXBIND_CI_KEEP_CHROOT=1 reuses a root made before (for tries by
 # hand); JAXBIND_AARCH64_ROOT picks its folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -141,7 +142,7 @@ in_root python3 readme_example.py
 if [ -n "${JAXBIND_AARCH64_TESTS:-}" ]; then
   read -r -a selection <<<"$JAXBIND_AARCH64_TESTS"
 else
-  mapfile -t selection < <(grep -v '^\s*\(#\|$\)' "$repo/.ci/aarch64-subset.txt")
+  mapfile -t selection < <(grep -v '^\s*\(#\|$\)' "${JAXBIND_AARCH64_LIST:-$repo/.ci/aarch64-subset.txt}")
 fi
 step "pytest, emulated: ${#selection[@]} selections"
 in_root python3 -m pytest -q -p no:cacheprovider "${selection[@]}"

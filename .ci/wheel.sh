@@ -23,6 +23,7 @@ fi
 
 PYTHON=$python bash tools/build_release.sh
 python3 tools/check_release.py dist
+touch "$repo/.ci-release-built"  # (lane 8, in another stream, waits for the aarch64 wheel)
 
 venv=$repo/.ci-wheel-venv
 rm -rf "$venv"
