@@ -6,7 +6,11 @@ import pathlib
 
 import pytest
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "jaxbind"
+import jaxbind
+
+# The package under test, where it is imported from (the source tree, or an installed wheel: the wheel
+# lane runs the tests from a copy outside the repository).
+PACKAGE = pathlib.Path(jaxbind.__file__).resolve().parent
 COMPILED = "jaxbind._trampoline"  # the compiled module: imports nothing of the package
 
 
@@ -64,6 +68,7 @@ def _circle(graph: dict) -> list | None:
 
 def test_the_package_has_no_import_circle():
     modules = _modules()
+    assert "jaxbind._programs" in modules and len(modules) > 30, sorted(modules)  # (the package was found)
     known = set(modules) - {"jaxbind"}
     graph = {n: _imports(n, p, known) for n, p in modules.items() if n != "jaxbind"}
     circle = _circle(graph)
