@@ -40,6 +40,7 @@ from ._native import NativeKernel, get_include, native
 from ._nonlinear_call import get_nonlinear_call
 from ._numba import numba_kernel
 from ._op import Op
+from ._io_callback import io_callback
 from ._pure_callback import pure_callback
 from ._runtime import config
 
@@ -55,6 +56,7 @@ __all__ = [
     "load_kwargs",
     "native",
     "numba_kernel",
+    "io_callback",
     "pure_callback",
     "testing",
 ]
