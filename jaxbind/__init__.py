@@ -34,13 +34,13 @@ _install_check.warn_if_shared()
 from . import testing
 from ._errors import JaxbindError
 from ._export import export
+from ._io_callback import io_callback
 from ._kwargs import load_kwargs
 from ._linear_call import get_linear_call
 from ._native import NativeKernel, get_include, native
 from ._nonlinear_call import get_nonlinear_call
 from ._numba import numba_kernel
 from ._op import Op
-from ._io_callback import io_callback
 from ._pure_callback import pure_callback
 from ._runtime import config
 
