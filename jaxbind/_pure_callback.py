@@ -159,7 +159,7 @@ def _abstract(*args, result):
     return tuple((shape, dtype_named(name)) for shape, name in result)
 
 
-def _make_definition(callback, in_tree, vmap_method, sharding, effect) -> OpDef:
+def _make_definition(callback, in_tree, vmap_method, sharding, effect=None) -> OpDef:
     door = "pure_callback" if effect is None else "io_callback"
     name = _op_name_for(callback, door)
     runner = _Runner(_make_run(callback, in_tree, name, f"jax.{door} failed"), callback, in_tree)
