@@ -118,7 +118,16 @@ NB_MODULE(_trampoline, m) {
   nb::class_<Exclusive>(m, "Exclusive", nb::is_weak_referenceable(),
                         "A lock that every call of the sites registered with it holds: the calls "
                         "of an op with an effect never overlap.")
-      .def(nb::init<>());
+      .def(nb::init<>())
+      .def(
+          "__enter__",
+          [](Exclusive& e) {
+            nb::gil_scoped_release unlocked;  // (a call holding it may be waiting for the GIL)
+            e.mutex->lock();
+          },
+          "Take the lock (an eager call of the op), waiting without the GIL.")
+      .def(
+          "__exit__", [](Exclusive& e, nb::args) { e.mutex->unlock(); }, "Release the lock.");
   m.def("release_site", &ReleaseSite, nb::arg("serial"),
         "Free a site: nothing calls it again (a program naming its key resolves it anew).");
   m.def("set_resolver", &SetResolver, nb::arg("resolve"), nb::arg("check"),

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 
 from ._jax_compat import at_top_level
-from ._pure_callback import _eager, _flatten_arguments, _op_for, _op_name_for
+from ._pure_callback import _eager, _flatten_arguments, _op_for, _op_name_for, exclusive_of
 from ._pure_callback_checks import check_arguments, check_spec
 
 __all__ = ["io_callback"]
@@ -105,7 +105,7 @@ def io_callback(
     flat_specs, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
     specs = tuple(check_spec(s, i, name) for i, s in enumerate(flat_specs))
     if at_top_level() and not any(isinstance(a, jax.core.Tracer) for a in flat_args):
-        return _eager(callback, flat_args, in_tree, specs, out_tree, door="io_callback")
+        return _eager(callback, flat_args, in_tree, specs, out_tree, "io_callback", exclusive_of(callback))
     op = _op_for(callback, in_tree, "sequential", sharding, "ordered" if ordered else "io")
     outs = op(*flat_args, result=tuple((shape, name) for shape, _, name in specs))
     return out_tree.unflatten(outs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 __all__ = [
     "ArrayImpl",
     "Primitive",
+    "abstract_token",
     "ad",
     "add_keepalive",
     "apply_primitive",
@@ -459,6 +460,9 @@ def runtime_token_set():
     from jax._src import dispatch as _dispatch
 
     return _dispatch.runtime_tokens
+
+
+abstract_token = _core.abstract_token  # (jax.core's name for it is deprecated)
 
 
 def ordered_token(ctx, effect):

@@ -14,6 +14,7 @@ from ._definition import Role
 from ._effects import ORDERED
 from ._errors import JaxbindError
 from ._jax_compat import (
+    abstract_token,
     add_keepalive,
     auto_device_count,
     batch_partitioning_attributes,
@@ -141,7 +142,7 @@ def jaxbind_lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
     avals_out = tuple(ctx.avals_out)
     if effect == "ordered":  # the effect's token first among operands and results (the core drops them)
         args = (ordered_token(ctx, ORDERED), *args)
-        avals_in, avals_out = (jax.core.abstract_token, *avals_in), (jax.core.abstract_token, *avals_out)
+        avals_in, avals_out = (abstract_token, *avals_in), (abstract_token, *avals_out)
         aliases = {arg + 1: out + 1 for arg, out in aliases.items()}
     lowered = ctx.replace(avals_in=avals_in, avals_out=avals_out)
     if not levels and not aliases and effect is None and jax_callback is None:

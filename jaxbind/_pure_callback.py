@@ -20,6 +20,7 @@ equal to the first.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import logging
@@ -184,6 +185,12 @@ def _make_definition(callback, in_tree, vmap_method, sharding, effect=None) -> O
 _exclusives: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
+def exclusive_of(callback):
+    """The lock of a callback's io_callback ops (one per callback, made on first use)."""
+    with _lock:
+        return _exclusive(callback)
+
+
 def _exclusive(callback):
     """One lock per callback (under ``_lock``): its calls never overlap, whatever structure each passes.
 
@@ -318,7 +325,7 @@ def _flatten_arguments(args, kwargs, name):
         raise
 
 
-def _eager(callback, flat_args, in_tree, specs, out_tree, door="pure_callback"):
+def _eager(callback, flat_args, in_tree, specs, out_tree, door="pure_callback", exclusive=None):
     """Outside any trace, as JAX does: the callback gets jax Arrays on a CPU device, and its
     failure is a ``JaxRuntimeError`` with the jitted call's text, logged as JAX logs it."""
     try:
@@ -332,7 +339,7 @@ def _eager(callback, flat_args, in_tree, specs, out_tree, door="pure_callback"):
     args, kwargs = in_tree.unflatten(jax.device_put(list(flat_args), cpu))
     try:
         try:
-            with jax.default_device(cpu):
+            with jax.default_device(cpu), exclusive or contextlib.nullcontext():
                 result = callback(*args, **kwargs)
         except BaseException:
             _jax_log.exception(f"jax.{door} failed")
