@@ -101,11 +101,26 @@ CASES = textwrap.dedent("""
         jax.effects_barrier()
         return {**rec.report(), "results": np.asarray(out).tolist()}
 
+    def user_threads(api, ordered):  # two Python threads call it, through jit and eagerly
+        rec = Recorder(0.02)
+        f = jax.jit(lambda v: api(rec, SCALAR, v, ordered=ordered) + 1.0)
+        results = {}
+        def work(start):
+            results[start] = [float(f(start + k)) for k in range(3)]
+            results[start] += [float(api(rec, SCALAR, jnp.float64(start + 10.0), ordered=ordered))]
+        threads = [threading.Thread(target=work, args=(start,)) for start in (0.0, 100.0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        jax.effects_barrier()
+        return {**rec.report(), "results": [results[0.0], results[100.0]]}
+
     out = {"cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
            "devices": jax.device_count()}
     for name, api in (("jax", jax.experimental.io_callback), ("jaxbind", jaxbind.io_callback)):
         for ordered in (False, True):
-            for case in (successive, independent, sharded, pinned):
+            for case in (successive, independent, sharded, pinned, user_threads):
                 try:
                     result = case(api, ordered)
                 except Exception as err:  # reported, and compared
@@ -188,3 +203,12 @@ def test_a_callback_pinned_to_one_device_sees_the_whole_array(cases, ordered):
     ref, got = pair(cases, "pinned", ordered)
     assert got == ref
     assert got["log"] == [list(np.arange(8.0))]
+
+
+@ORDERED
+def test_calls_from_two_python_threads_never_run_at_once(cases, ordered):
+    ref, got = pair(cases, "user_threads", ordered)
+    assert sorted(got["log"]) == sorted(ref["log"])
+    assert got["results"] == ref["results"]
+    assert got["results"][1] == [2 * (100.0 + k) + 1 for k in range(3)] + [2 * 110.0]
+    assert got["most"] == 1
