@@ -141,31 +141,39 @@ def test_vmap_of_an_ordered_callback_is_refused_with_jaxs_text():
     assert result[0] == (ValueError, "Cannot `vmap` ordered IO callback.")
 
 
+def vmapped_calls(api, levels, jit):
+    """The calls an unordered callback logs under ``levels`` nested vmaps, and the results."""
+    log = []
+    cb = logging_callback(log, lambda a, b, scale: {"sum": a + b * scale, "b": b})
+
+    def f(a, b):
+        return api(cb, {"sum": like(a), "b": like(b)}, a, b, scale=np.float64(2.0))
+
+    x = jnp.arange(6.0).reshape(3, 2)
+    if levels == 1:
+        f, args = jax.vmap(f, in_axes=(0, None)), (x, 7.0)
+    else:
+        f, args = jax.vmap(jax.vmap(f, in_axes=(0, 0)), in_axes=(1, None)), (x, jnp.arange(3.0) + 10)
+    out = (jax.jit(f) if jit else f)(*args)
+    jax.effects_barrier()
+    return plain(out), log
+
+
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_vmap_of_an_unordered_callback_runs_once_per_element_in_order(jit):
-    def run(api):
-        log = []
-        cb = logging_callback(log, lambda a, b, scale: {"sum": a + b * scale, "b": b})
-
-        def f(a, b):
-            spec = {"sum": like(a), "b": like(b)}
-            return api(cb, spec, a, b, scale=np.float64(2.0))
-
-        once = jax.vmap(f, in_axes=(0, None))
-        twice = jax.vmap(jax.vmap(f, in_axes=(0, 0)), in_axes=(1, None))
-        x = jnp.arange(6.0).reshape(3, 2)
-        wrap = jax.jit if jit else lambda g: g
-        out = (wrap(once)(x, 7.0), wrap(twice)(x, jnp.arange(3.0) + 10))
-        jax.effects_barrier()
-        return plain(out), log
-
-    out, log = compare(run)
+    out, log = compare(lambda api: vmapped_calls(api, 1, jit))
     x = np.arange(6.0).reshape(3, 2)
-    once = [[x[k].tolist(), 7.0, 2.0] for k in range(3)]
-    # (the inner vmap's loop is made first, and the outer vmap's runs inside it)
-    twice = [[x[i, j], 10.0 + i, 2.0] for i in range(3) for j in range(2)]
-    assert log == once + twice
+    assert log == [[x[k].tolist(), 7.0, 2.0] for k in range(3)]
     assert out[1][1] == ("float64", (3, 2), (x + 2 * 7.0).tolist())
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_nested_vmaps_of_an_unordered_callback_call_it_in_jaxs_order(jit):
+    out, log = compare(lambda api: vmapped_calls(api, 2, jit))
+    x = np.arange(6.0).reshape(3, 2)
+    # JAX's: the inner vmap's loop (over x's rows) is made first, and the outer vmap's runs inside it
+    assert log == [[x[i, j], 10.0 + i, 2.0] for i in range(3) for j in range(2)]
+    assert out[1][1] == ("float64", (2, 3), (x + 2 * (np.arange(3.0) + 10)[:, None]).T.tolist())
 
 
 @ORDERED
@@ -335,24 +343,29 @@ WRONG_RESULTS = {
 }
 
 
+def refusal_of_wrong_results(api, cb, ordered):
+    """Its type and the line that says what was wrong, jitted and eagerly (or "no error")."""
+    x = jnp.arange(3.0)
+    result = []
+    for call in (
+        lambda: jax.jit(lambda v: api(cb, like(v), v, ordered=ordered))(x),
+        lambda: api(cb, like(x), x, ordered=ordered),
+    ):
+        try:
+            jax.block_until_ready(call())
+            jax.effects_barrier()
+            result.append("no error")
+        except Exception as err:  # its type and the line that says what was wrong
+            result.append((type(err), re.findall(r"(?m)^\w+Error: (.*)$", str(err))[-1]))
+    return result
+
+
 @ORDERED
 @pytest.mark.parametrize("wrong", list(WRONG_RESULTS))
 def test_wrong_result_shapes_and_dtypes_are_refused_as_jax_refuses_them(ordered, wrong):
-    def run(api):
-        cb = WRONG_RESULTS[wrong]
-        x = jnp.arange(3.0)
-        result = []
-        for call in (
-            lambda: jax.jit(lambda v: api(cb, like(v), v, ordered=ordered))(x),
-            lambda: api(cb, like(x), x, ordered=ordered),
-        ):
-            try:
-                jax.block_until_ready(call())
-                jax.effects_barrier()
-                result.append("no error")
-            except Exception as err:  # its type and the line that says what was wrong
-                result.append((type(err), re.findall(r"(?m)^\w+Error: (.*)$", str(err))[-1:]))
-        return result
-
-    result = compare(run)
-    assert all(r != "no error" for r in result)
+    ref = refusal_of_wrong_results(APIS["jax"], WRONG_RESULTS[wrong], ordered)
+    got = refusal_of_wrong_results(APIS["jaxbind"], WRONG_RESULTS[wrong], ordered)
+    assert "no error" not in ref
+    for (got_type, got_line), (ref_type, ref_line) in zip(got, ref):
+        assert got_type is ref_type
+        assert got_line.endswith(ref_line)  # JAX's words, after the op's name
