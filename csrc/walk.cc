@@ -11,19 +11,44 @@ int64_t DimStride(const XLA_FFI_Buffer* buf, int64_t dim) {
   return stride;
 }
 
+// The batch's sizes when there are no outputs to read them from: level l's from
+// the first input it maps (an input's mapped levels are its leading dims, in order).
+std::string LevelSizesFromInputs(const Site& site, void* const* ins, WalkPlan* plan) {
+  for (size_t l = 0; l < plan->levels; ++l) {
+    bool found = false;
+    for (size_t i = 0; i < plan->n_in && !found; ++i) {
+      if (!site.in_masks[i][l]) continue;
+      int64_t dim = 0;
+      for (size_t k = 0; k < l; ++k) dim += site.in_masks[i][k] ? 1 : 0;
+      const auto* buf = static_cast<const XLA_FFI_Buffer*>(ins[i]);
+      if (dim >= buf->rank) return "internal error: input " + std::to_string(i) + " lacks a batch level";
+      plan->sizes[l] = buf->dims[dim];
+      plan->total *= buf->dims[dim];
+      found = true;
+    }
+    if (!found) return "internal error: batch level " + std::to_string(l) + " maps no array";
+  }
+  return std::string();
+}
+
 // Fills `plan` from the buffers; an error (never a walk past a buffer's end)
 // when their leading dimensions disagree with each other or with the site.
 std::string PlanWalk(const Site& site, void* const* ins, void* const* outs, WalkPlan* plan) {
   const size_t levels = plan->levels;
-  if (plan->n_out == 0) return "internal error: a batched call without outputs";
-  // Every output carries every level in front: the sizes come from the first.
-  const auto* first = static_cast<const XLA_FFI_Buffer*>(outs[0]);
-  if (first->rank < static_cast<int64_t>(levels)) {
-    return "internal error: output 0 has fewer dimensions than batch levels";
-  }
-  for (size_t l = 0; l < levels; ++l) {
-    plan->sizes[l] = first->dims[l];
-    plan->total *= first->dims[l];
+  if (plan->n_out == 0) {
+    // A call for its effect alone (no outputs): each level's size from an input it maps
+    std::string missing = LevelSizesFromInputs(site, ins, plan);
+    if (!missing.empty()) return missing;
+  } else {
+    // Every output carries every level in front: the sizes come from the first.
+    const auto* first = static_cast<const XLA_FFI_Buffer*>(outs[0]);
+    if (first->rank < static_cast<int64_t>(levels)) {
+      return "internal error: output 0 has fewer dimensions than batch levels";
+    }
+    for (size_t l = 0; l < levels; ++l) {
+      plan->sizes[l] = first->dims[l];
+      plan->total *= first->dims[l];
+    }
   }
   for (size_t j = 0; j < plan->n_out; ++j) {
     const auto* buf = static_cast<const XLA_FFI_Buffer*>(outs[j]);

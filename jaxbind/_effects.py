@@ -19,24 +19,51 @@ program runs) and the failure is raised from the call that caused it.
 
 from __future__ import annotations
 
+import atexit
+
 from . import _trampoline
-from ._jax_compat import effects_module, jax_io_effect_types, runtime_token_set
+from ._jax_compat import effects_module, jax_io_effects, runtime_token_set
 
 __all__ = ["EFFECTS", "IO", "ORDERED", "check_effect", "effects_of", "exclusive_for"]
 
 _effects = effects_module()
+_JAX_IO, _JAX_ORDERED = jax_io_effects()
 
 
 class JaxbindIO(_effects.Effect):
-    """A jaxbind op with side effects: its calls are never dropped or merged."""
+    """A jaxbind op with side effects: its calls are never dropped or merged.
 
-    __str__ = lambda self: "jaxbind.IO"  # noqa: E731  (as JAX spells its own)
+    Equal to every instance of its type (``jax.export`` makes one anew where a
+    program is loaded) and to JAX's ``io_callback`` effect, so that JAX's own
+    checks of that effect (``vmap`` of a ``cond``, of a ``while_loop`` with a
+    batched predicate) refuse jaxbind's calls in JAX's words.
+    """
+
+    def __eq__(self, other):
+        return isinstance(other, JaxbindIO) or other is _JAX_IO
+
+    def __hash__(self):
+        return hash(_JAX_IO)
+
+    def __str__(self):
+        return "jaxbind.IO"
 
 
 class JaxbindOrderedIO(_effects.Effect):
-    """A jaxbind op whose calls also run in program order."""
+    """A jaxbind op whose calls also run in program order.
 
-    __str__ = lambda self: "jaxbind.OrderedIO"  # noqa: E731
+    Equal to JAX's ordered ``io_callback`` effect (as :class:`JaxbindIO`): the
+    two share one order, in a program and across programs.
+    """
+
+    def __eq__(self, other):
+        return isinstance(other, JaxbindOrderedIO) or other is _JAX_ORDERED
+
+    def __hash__(self):
+        return hash(_JAX_ORDERED)
+
+    def __str__(self):
+        return "jaxbind.OrderedIO"
 
 
 IO = JaxbindIO()
@@ -47,12 +74,11 @@ _ACCEPTED = tuple(EFFECTS)
 
 def _register() -> None:
     """Enter jaxbind's effects in each of JAX's effect sets that holds its io_callback effect."""
-    io, ordered = jax_io_effect_types()
     for value in vars(_effects).values():
         if isinstance(value, _effects.EffectTypeSet):
-            if value.contains(io()):
+            if value.contains(_JAX_IO):
                 value.add_type(JaxbindIO)
-            if value.contains(ordered()):
+            if value.contains(_JAX_ORDERED):
                 value.add_type(JaxbindOrderedIO)
 
 
@@ -97,13 +123,28 @@ def _keep_good_tokens() -> None:
     tokens_type.set_token_result = set_token_result
 
 
-def _drop_failed(runtime_tokens: dict) -> None:
-    for device, token in list(runtime_tokens.items()):
+def _drop_failed(runtime_tokens: dict, ours_only: bool = False) -> None:
+    """Forget the tokens of programs that failed (those whose failure a jaxbind op raised: ``ours_only``)."""
+    for key, token in list(runtime_tokens.items()):
         try:
             token.block_until_ready()
-        except Exception:
-            del runtime_tokens[device]
+        except Exception as err:
+            if not ours_only or "jaxbind op '" in str(err):
+                del runtime_tokens[key]
+
+
+def _quiet_exit() -> None:
+    """At exit, before JAX waits for its runtime tokens: forget those of programs a jaxbind op failed.
+
+    Such a failure was logged when the callback raised, and raised from the
+    call (ordered) or from its results (a program XLA ran asynchronously,
+    under ``shard_map``); JAX would report it once more at exit.
+    """
+    tokens = runtime_token_set()
+    _drop_failed(tokens.current_tokens, ours_only=True)
+    _drop_failed(tokens.output_runtime_tokens, ours_only=True)
 
 
 _register()
 _keep_good_tokens()
+atexit.register(_quiet_exit)  # (after JAX's: run before them)

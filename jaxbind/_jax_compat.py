@@ -21,7 +21,7 @@ __all__ = [
     "get_aval",
     "hold_as_host_callback",
     "hold_weakly_in_jax_caches",
-    "jax_io_effect_types",
+    "jax_io_effects",
     "lowering_for_export",
     "lru_cleared_with_jax_caches",
     "mlir",
@@ -448,11 +448,11 @@ def effects_module():
     return _effects
 
 
-def jax_io_effect_types() -> tuple:
-    """The types of ``jax.experimental.io_callback``'s effects: (unordered, ordered)."""
+def jax_io_effects() -> tuple:
+    """``jax.experimental.io_callback``'s effects: (unordered, ordered)."""
     from jax._src import callback as _callback
 
-    return type(_callback._IOEffect), type(_callback._OrderedIOEffect)
+    return _callback._IOEffect, _callback._OrderedIOEffect
 
 
 def runtime_token_set():

@@ -132,9 +132,10 @@ def jaxbind_lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
     else:
         handle = site_for(role, kwargs, batch, avals_in, ctx.avals_out, bool(padded))
         add_keepalive(ctx, handle)  # the site lives as long as the compiled program
-        if jax_callback is not None:
+        if jax_callback is not None or role.op.effect is not None:
             # JAX runs a program that holds jax.pure_callback synchronously, so that the call
-            # raises what the callback raised: this one too (see hold_as_host_callback)
+            # raises what the callback raised (and an effect's calls run before the call returns,
+            # never after the interpreter began to exit): this one too (see hold_as_host_callback)
             hold_as_host_callback(ctx)
         text, key = handle.description, handle.key
     aliases = _operand_output_aliases(ctx, role)

@@ -362,6 +362,8 @@ def partitioned_levels(role: Role, batch) -> int:
     jax_callback = role.op.jax_callback  # jaxbind.pure_callback's, pinned to a device: never split
     if jax_callback is not None and jax_callback.sharding is not None:
         return 0
+    if role.op.effect is not None:  # nor a call with an effect: one device runs all of it
+        return 0
     return as_batch(batch).partitionable_levels()
 
 
