@@ -124,7 +124,7 @@ def test_a_heading_gives_the_functions_signature(where, name, text, returns):
             "get_linear_call",
             "f, f_T, /, abstract, abstract_T, *, first_n_args_fixed=0, func_can_batch=False, name=None, "
             'vmap_method="sequential"',
-            "missing ['thread_safe=False', 'inplace=None', 'setup=None', 'setup_cache=None']",
+            "missing ['thread_safe=False', 'inplace=None', 'setup=None', 'setup_cache=None', 'effect=None']",
         ),
         ("load_kwargs", "kwargs_dump, strict=True", "not in the function: ['strict=True']"),
         ("load_kwargs", "dump", "gives (dump), the function is (kwargs_dump)"),
