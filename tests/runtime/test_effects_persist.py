@@ -37,9 +37,12 @@ def test_an_exported_ordered_program_keeps_its_order_in_another_process(tmp_path
 
 
 def test_an_ordered_program_from_the_persistent_cache_keeps_its_order(tmp_path):
+    # An op with an effect runs synchronously, as JAX's io_callback: JAX caches such programs as it
+    # caches its own (not before jax 0.11, from 0.11 on), and one loaded from the cache keeps its order.
     cache = tmp_path / "cache"
     cold = run_job("cache", cache)
     warm = run_job("cache", cache)
+    assert cold["jax"] == {"hit": False}
     for kind in ("python", "native"):
         assert cold[kind] == {**IN_ORDER, "hit": False}, (kind, cold)
-        assert warm[kind] == {**IN_ORDER, "hit": True}, (kind, warm)
+        assert warm[kind] == {**IN_ORDER, "hit": warm["jax"]["hit"]}, (kind, warm)
