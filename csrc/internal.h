@@ -265,9 +265,8 @@ int64_t RegisterSite(int64_t key, std::string description, std::string name, nb:
                      nb::bytes kwargs_dump, size_t levels,
                      const std::vector<std::vector<int>>& in_masks, uintptr_t native_address,
                      nb::handle native_kwargs, size_t valid_levels, bool thread_safe, bool tokens,
-                     const Exclusive* exclusive,
-                     const std::vector<int64_t>& types, size_t n_args, size_t n_rets,
-                     size_t free_levels);
+                     const Exclusive* exclusive, const std::vector<int64_t>& types, size_t n_args,
+                     size_t n_rets, size_t free_levels);
 void ReleaseSite(int64_t serial);
 // The Python site a dispatch calls now, its references in `refs` (with the
 // GIL): `site`, or the site made anew for `key` if `site` was released (the

@@ -103,15 +103,17 @@ NB_MODULE(_trampoline, m) {
       nb::arg("key"), nb::arg("description"), nb::arg("name"), nb::arg("callable").none(),
       nb::arg("kwargs_dump"), nb::arg("levels"), nb::arg("in_masks"), nb::arg("native_address"),
       nb::arg("native_kwargs"), nb::arg("valid_levels"), nb::arg("thread_safe"), nb::arg("tokens"),
-      nb::arg("exclusive").none(), nb::arg("types"),
-      nb::arg("n_args"), nb::arg("n_rets"), nb::arg("free_levels"),
+      nb::arg("exclusive").none(), nb::arg("types"), nb::arg("n_args"), nb::arg("n_rets"),
+      nb::arg("free_levels"),
       "Register the call site programs name by `key` and describe by `description` (a Python "
       "callable, or a native kernel "
       "when native_address is not 0); returns its serial number, for release_site. The "
       "callable and kwargs_dump are borrowed: the caller keeps them alive until it releases "
       "the site. With valid_levels, the last input is the validity operand of a padded batch; a "
-      "thread_safe Python callback's walks may spread over XLA's thread pool. tokens: calls pass an "
-      "ordering token first among inputs and outputs (an ordered op); exclusive: an Exclusive whose "
+      "thread_safe Python callback's walks may spread over XLA's thread pool. tokens: calls pass "
+      "an "
+      "ordering token first among inputs and outputs (an ordered op); exclusive: an Exclusive "
+      "whose "
       "lock every call holds (an op with an effect), or None. types: per buffer "
       "(inputs, then outputs) its dtype code, rank and dims, which every call's buffers must "
       "have (only the free_levels leading dims may be smaller, alike in every buffer).");
@@ -126,8 +128,7 @@ NB_MODULE(_trampoline, m) {
             e.mutex->lock();
           },
           "Take the lock (an eager call of the op), waiting without the GIL.")
-      .def(
-          "__exit__", [](Exclusive& e, nb::args) { e.mutex->unlock(); }, "Release the lock.");
+      .def("__exit__", [](Exclusive& e, nb::args) { e.mutex->unlock(); }, "Release the lock.");
   m.def("release_site", &ReleaseSite, nb::arg("serial"),
         "Free a site: nothing calls it again (a program naming its key resolves it anew).");
   m.def("set_resolver", &SetResolver, nb::arg("resolve"), nb::arg("check"),

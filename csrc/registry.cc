@@ -197,8 +197,8 @@ int64_t RegisterSite(int64_t key, std::string description, std::string name, nb:
                      nb::bytes kwargs_dump, size_t levels,
                      const std::vector<std::vector<int>>& in_masks, uintptr_t native_address,
                      nb::handle native_kwargs, size_t valid_levels, bool thread_safe, bool tokens,
-                     const Exclusive* exclusive, const std::vector<int64_t>& types, size_t n_args, size_t n_rets,
-                     size_t free_levels) {
+                     const Exclusive* exclusive, const std::vector<int64_t>& types, size_t n_args,
+                     size_t n_rets, size_t free_levels) {
   if (key <= 0) throw nb::value_error("a call-site key is positive");
   std::unique_ptr<AnySite> entry;
   if (native_address != 0) {

@@ -21,7 +21,8 @@ std::string LevelSizesFromInputs(const Site& site, void* const* ins, WalkPlan* p
       int64_t dim = 0;
       for (size_t k = 0; k < l; ++k) dim += site.in_masks[i][k] ? 1 : 0;
       const auto* buf = static_cast<const XLA_FFI_Buffer*>(ins[i]);
-      if (dim >= buf->rank) return "internal error: input " + std::to_string(i) + " lacks a batch level";
+      if (dim >= buf->rank)
+        return "internal error: input " + std::to_string(i) + " lacks a batch level";
       plan->sizes[l] = buf->dims[dim];
       plan->total *= buf->dims[dim];
       found = true;
