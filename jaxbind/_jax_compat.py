@@ -35,6 +35,7 @@ __all__ = [
     "runtime_token_set",
     "set_frontend_attribute",
     "set_ordered_token",
+    "uses_shardy",
     "shaped_array",
     "sharding_spec",
     "varying_axes",
@@ -463,6 +464,11 @@ def runtime_token_set():
 
 
 abstract_token = _core.abstract_token  # (jax.core's name for it is deprecated)
+
+
+def uses_shardy() -> bool:
+    """Whether XLA partitions programs with Shardy (JAX's default from 0.7) rather than GSPMD."""
+    return bool(getattr(jax.config, "jax_use_shardy_partitioner", False))
 
 
 def ordered_token(ctx, effect):

@@ -26,6 +26,7 @@ from ._jax_compat import (
     place_callback,
     set_frontend_attribute,
     set_ordered_token,
+    uses_shardy,
 )
 from ._kwargs import Kwargs
 from ._runtime import ASYNC_TARGET, EFFECT_TARGET, TARGET
@@ -96,18 +97,19 @@ def _check_effect_placement(ctx, role: Role) -> None:
     """Refuse an op with an effect in a program XLA partitions over several devices itself.
 
     Inside ``shard_map`` every device runs its own calls, as JAX's callbacks
-    do. Outside it, JAX pins its own callbacks to one device through a
-    sharding that XLA's partitioner keeps for JAX's callback targets only;
-    jaxbind's would be replicated over the devices (and XLA refuses a
-    side-effecting call that is).
+    do. Outside it, the call is pinned to one device by the sharding JAX
+    gives its own callbacks, which GSPMD keeps; Shardy keeps it for JAX's
+    callback targets only, and drops jaxbind's (XLA then refuses a
+    side-effecting call without one).
     """
     devices = auto_device_count(ctx)
-    if devices > 1:
+    if devices > 1 and uses_shardy():
         raise NotImplementedError(
             f"jaxbind op '{role.op.name}' has an effect ({role.op.effect!r}) and is called in a program that "
-            f"XLA partitions over {devices} devices, where jaxbind cannot pin it to one device: call it "
-            "inside jax.shard_map (every device then runs its own calls, in order), or in a program on one "
-            "device (jax.jit of unsharded arguments outside a multi-device mesh)."
+            f"XLA partitions over {devices} devices with Shardy, which does not keep jaxbind's call on one "
+            "device: call it inside jax.shard_map (every device then runs its own calls, in order), or in a "
+            "program on one device (jax.jit of unsharded arguments outside a multi-device mesh), or "
+            "partition with GSPMD (jax.config.update('jax_use_shardy_partitioner', False)), which keeps it."
         )
 
 
