@@ -235,6 +235,8 @@ def _make_run(callback, in_tree, name, failed):
                 and result.dtype == out[0].dtype
             ):
                 copyto(out[0], result)  # the common case, checked without flattening
+            elif len(out) == 1 and type(result) is out[0].dtype.type and not out[0].shape:
+                out[0][()] = result  # a NumPy scalar of the dtype (a ufunc's result on a 0-d input)
             else:
                 _write_results(name, out, result, leaves)
             result = None
