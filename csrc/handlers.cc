@@ -49,6 +49,38 @@ const AnySite* SiteOf(int64_t key, std::string_view call, ffi::Error* error) {
   return SiteMadeNow(key, call, error);
 }
 
+// An ordered op's call: the leading token of its inputs and of its outputs
+// dropped from the frame (views into XLA's own arrays, which outlive the call).
+// A call without them (a program that describes the op otherwise) is refused.
+bool IsToken(const void* buffer) {
+  return static_cast<const XLA_FFI_Buffer*>(buffer)->dtype == XLA_FFI_DataType_TOKEN;
+}
+
+JAXBIND_NOINLINE bool TrimTokens(const Site& site, const XLA_FFI_Args** args,
+                                 const XLA_FFI_Rets** rets, XLA_FFI_Args* args_left,
+                                 XLA_FFI_Rets* rets_left, ffi::Error* error) {
+  const XLA_FFI_Args* a = *args;
+  const XLA_FFI_Rets* r = *rets;
+  if (a->size < 1 || r->size < 1 || !IsToken(a->args[0]) || !IsToken(r->rets[0])) {
+    *error = ErrorText(&site,
+                       "the op is ordered (effect=\"ordered\"), but this program's call passes "
+                       "no ordering token: the program was made for an op without that effect; "
+                       "define the op as the program's was");
+    return false;
+  }
+  *args_left = *a;
+  args_left->size -= 1;
+  args_left->types += 1;
+  args_left->args += 1;
+  *rets_left = *r;
+  rets_left->size -= 1;
+  rets_left->types += 1;
+  rets_left->rets += 1;
+  *args = args_left;
+  *rets = rets_left;
+  return true;
+}
+
 // The one XLA handler for every jaxbind op.
 ffi::Error Dispatch(ffi::ThreadPool pool, std::string_view call, int64_t key,
                     ffi::RemainingArgs args, ffi::RemainingRets rets) {
@@ -61,9 +93,22 @@ ffi::Error Dispatch(ffi::ThreadPool pool, std::string_view call, int64_t key,
     if (entry == nullptr) return unresolved;
   }
   const Site& site = BaseSite(*entry);
+  XLA_FFI_Args args_left;
+  XLA_FFI_Rets rets_left;
+  if (site.tokens) [[unlikely]] {
+    ffi::Error untokened;
+    if (!TrimTokens(site, &raw_args, &raw_rets, &args_left, &rets_left, &untokened)) {
+      return untokened;
+    }
+  }
   if (!BuffersAsRegistered(site, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets))
       [[unlikely]] {
     return BuffersRefused(site, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets);
+  }
+  // An op with an effect: its calls one at a time, the lock taken before the GIL.
+  std::unique_lock<std::recursive_mutex> one_at_a_time;
+  if (site.exclusive) [[unlikely]] {
+    one_at_a_time = std::unique_lock<std::recursive_mutex>(*site.exclusive);
   }
   const auto* native = std::get_if<NativeSite>(entry);
   // The common native call goes straight to the kernel (the checking mode
@@ -107,6 +152,15 @@ ffi::Future DispatchAsync(ffi::ThreadPool pool, std::string_view call, int64_t k
   }
   const XLA_FFI_Args* raw_args = RawFrame::Args(args);
   const XLA_FFI_Rets* raw_rets = RawFrame::Rets(rets);
+  XLA_FFI_Args args_left;
+  XLA_FFI_Rets rets_left;
+  if (site->tokens) {
+    ffi::Error untokened;
+    if (!TrimTokens(*site, &raw_args, &raw_rets, &args_left, &rets_left, &untokened)) {
+      promise->SetError(std::move(untokened));
+      return future;
+    }
+  }
   if (!BuffersAsRegistered(*site, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets)) {
     promise->SetError(
         BuffersRefused(*site, raw_args->size, raw_args->args, raw_rets->size, raw_rets->rets));
@@ -114,6 +168,8 @@ ffi::Future DispatchAsync(ffi::ThreadPool pool, std::string_view call, int64_t k
   }
   auto frame = std::make_shared<OwnedFrame>(raw_args, raw_rets);
   pool.Schedule([site, frame, promise]() {
+    std::unique_lock<std::recursive_mutex> one_at_a_time;  // (an op with an effect)
+    if (site->exclusive) one_at_a_time = std::unique_lock<std::recursive_mutex>(*site->exclusive);
     void* const* pointers = frame->pointers.data();
     ffi::Error error = RunNative(*site, frame->n_in, pointers, frame->pointers.size() - frame->n_in,
                                  pointers + frame->n_in,

@@ -95,6 +95,20 @@ struct Site {
   // Leading dims XLA may split over devices (a partitionable batch): in every
   // buffer alike, and at most their registered sizes.
   size_t free_levels = 0;
+  // An ordered op's call (effect="ordered"): XLA passes a token first among the
+  // inputs and first among the outputs, which order the op's calls in the
+  // program; the handler checks and drops them before anything else (TrimTokens).
+  bool tokens = false;
+  // An op with an effect whose calls must never overlap (not thread_safe): every
+  // site of the op (or of one io_callback's callback) holds the same mutex, taken
+  // for the whole call before the GIL (recursive: a callback that calls its own
+  // op eagerly on the same thread does not deadlock).
+  std::shared_ptr<std::recursive_mutex> exclusive;
+};
+
+// What Python hands register_site for an op whose calls must not overlap: one per op.
+struct Exclusive {
+  std::shared_ptr<std::recursive_mutex> mutex = std::make_shared<std::recursive_mutex>();
 };
 
 // A Python callback, called as callable(out, args, kwargs_dump).
@@ -250,7 +264,8 @@ void SetResolver(nb::handle resolve, nb::handle check);
 int64_t RegisterSite(int64_t key, std::string description, std::string name, nb::handle callable,
                      nb::bytes kwargs_dump, size_t levels,
                      const std::vector<std::vector<int>>& in_masks, uintptr_t native_address,
-                     nb::handle native_kwargs, size_t valid_levels, bool thread_safe,
+                     nb::handle native_kwargs, size_t valid_levels, bool thread_safe, bool tokens,
+                     const Exclusive* exclusive,
                      const std::vector<int64_t>& types, size_t n_args, size_t n_rets,
                      size_t free_levels);
 void ReleaseSite(int64_t serial);

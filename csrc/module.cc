@@ -94,23 +94,31 @@ NB_MODULE(_trampoline, m) {
       [](int64_t key, std::string description, std::string name, nb::handle callable,
          nb::bytes kwargs_dump, size_t levels, std::vector<std::vector<int>> in_masks,
          uintptr_t native_address, nb::list native_kwargs, size_t valid_levels, bool thread_safe,
-         std::vector<int64_t> types, size_t n_args, size_t n_rets, size_t free_levels) {
+         bool tokens, const Exclusive* exclusive, std::vector<int64_t> types, size_t n_args,
+         size_t n_rets, size_t free_levels) {
         return RegisterSite(key, std::move(description), std::move(name), callable, kwargs_dump,
                             levels, in_masks, native_address, native_kwargs, valid_levels,
-                            thread_safe, types, n_args, n_rets, free_levels);
+                            thread_safe, tokens, exclusive, types, n_args, n_rets, free_levels);
       },
       nb::arg("key"), nb::arg("description"), nb::arg("name"), nb::arg("callable").none(),
       nb::arg("kwargs_dump"), nb::arg("levels"), nb::arg("in_masks"), nb::arg("native_address"),
-      nb::arg("native_kwargs"), nb::arg("valid_levels"), nb::arg("thread_safe"), nb::arg("types"),
+      nb::arg("native_kwargs"), nb::arg("valid_levels"), nb::arg("thread_safe"), nb::arg("tokens"),
+      nb::arg("exclusive").none(), nb::arg("types"),
       nb::arg("n_args"), nb::arg("n_rets"), nb::arg("free_levels"),
       "Register the call site programs name by `key` and describe by `description` (a Python "
       "callable, or a native kernel "
       "when native_address is not 0); returns its serial number, for release_site. The "
       "callable and kwargs_dump are borrowed: the caller keeps them alive until it releases "
       "the site. With valid_levels, the last input is the validity operand of a padded batch; a "
-      "thread_safe Python callback's walks may spread over XLA's thread pool. types: per buffer "
+      "thread_safe Python callback's walks may spread over XLA's thread pool. tokens: calls pass an "
+      "ordering token first among inputs and outputs (an ordered op); exclusive: an Exclusive whose "
+      "lock every call holds (an op with an effect), or None. types: per buffer "
       "(inputs, then outputs) its dtype code, rank and dims, which every call's buffers must "
       "have (only the free_levels leading dims may be smaller, alike in every buffer).");
+  nb::class_<Exclusive>(m, "Exclusive", nb::is_weak_referenceable(),
+                        "A lock that every call of the sites registered with it holds: the calls "
+                        "of an op with an effect never overlap.")
+      .def(nb::init<>());
   m.def("release_site", &ReleaseSite, nb::arg("serial"),
         "Free a site: nothing calls it again (a program naming its key resolves it anew).");
   m.def("set_resolver", &SetResolver, nb::arg("resolve"), nb::arg("check"),

@@ -196,8 +196,8 @@ void SetLayout(Site& site, size_t levels, const std::vector<std::vector<int>>& i
 int64_t RegisterSite(int64_t key, std::string description, std::string name, nb::handle callable,
                      nb::bytes kwargs_dump, size_t levels,
                      const std::vector<std::vector<int>>& in_masks, uintptr_t native_address,
-                     nb::handle native_kwargs, size_t valid_levels, bool thread_safe,
-                     const std::vector<int64_t>& types, size_t n_args, size_t n_rets,
+                     nb::handle native_kwargs, size_t valid_levels, bool thread_safe, bool tokens,
+                     const Exclusive* exclusive, const std::vector<int64_t>& types, size_t n_args, size_t n_rets,
                      size_t free_levels) {
   if (key <= 0) throw nb::value_error("a call-site key is positive");
   std::unique_ptr<AnySite> entry;
@@ -218,6 +218,8 @@ int64_t RegisterSite(int64_t key, std::string description, std::string name, nb:
   site.name = std::move(name);
   site.description = std::move(description);
   site.key = key;
+  site.tokens = tokens;
+  if (exclusive != nullptr) site.exclusive = exclusive->mutex;
   SetLayout(site, levels, in_masks, valid_levels);
   SetBufferTypes(site, types, n_args, n_rets, free_levels);
   // A key still bound to a live site is taken over: Python registers a key

@@ -34,6 +34,7 @@ _install_check.warn_if_shared()
 from . import testing
 from ._errors import JaxbindError
 from ._export import export
+from ._io_callback import io_callback
 from ._kwargs import load_kwargs
 from ._linear_call import get_linear_call
 from ._native import NativeKernel, get_include, native
@@ -55,6 +56,7 @@ __all__ = [
     "load_kwargs",
     "native",
     "numba_kernel",
+    "io_callback",
     "pure_callback",
     "testing",
 ]

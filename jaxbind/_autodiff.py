@@ -20,6 +20,8 @@ from ._user_abstract import is_differentiable
 
 
 def jaxbind_jvp(primals, tangents, *, role: Role, kwargs: Kwargs, batch: Batch):
+    if role.op.effect is not None:  # (a linear op's too: its jvp would call it again)
+        raise role.op.no_derivatives_error("its jvp (as jvp, grad, vjp and the jacobians do)")
     for i in range(role.n_fixed):
         if type(tangents[i]) is not ad.Zero:
             raise _not_differentiable(role, i, "a derivative with respect to")
@@ -183,7 +185,7 @@ def _cotangent_values(cts, args, role: Role, kwargs: Kwargs, batch: Batch):
     if not any(dtype_of(ct) == jax.dtypes.float0 for ct in cts):
         return [_instantiate(ct) for ct in cts]
     avals = [a.aval if ad.is_undefined_primal(a) else get_aval(a) for a in args]
-    outs = jaxbind_abstract_eval(*avals, role=role, kwargs=kwargs, batch=batch)
+    outs, _ = jaxbind_abstract_eval(*avals, role=role, kwargs=kwargs, batch=batch)
     return [
         jnp.zeros(out.shape, out.dtype) if dtype_of(ct) == jax.dtypes.float0 else _instantiate(ct)
         for ct, out in zip(cts, outs)

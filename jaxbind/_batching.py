@@ -14,6 +14,14 @@ from ._vmap_methods import DOOR_PURE_CALLBACK, Unmapped, accepted, method_of
 
 
 def jaxbind_batch(args, dims, *, role: Role, kwargs: Kwargs, batch: Batch):
+    if role.op.effect == "ordered":
+        if role.op.jax_callback is not None:  # jax.io_callback's words
+            raise ValueError(f"Cannot `vmap` ordered IO callback. (jaxbind op '{role.op.name}')")
+        raise ValueError(
+            f"jaxbind op '{role.op.name}' has effect='ordered', and vmap cannot keep program order: "
+            "the batch's calls have no order between them. Loop over the batch with jax.lax.scan or "
+            'jax.lax.map (each call then in order), or make the op with effect="io".'
+        )
     if method_of(role.op.vmap_method) is None:  # jaxbind.pure_callback's default, as jax.pure_callback's
         *names, last = [repr(n) for n in accepted(DOOR_PURE_CALLBACK) if n is not None]
         raise NotImplementedError(

@@ -14,8 +14,9 @@ from ._jax_compat import Primitive, cast_to_common_vma
 jaxbind_p = Primitive("jaxbind")
 jaxbind_p.multiple_results = True
 # The same primitive for the calls of a pure_callback pinned to a device
-# (sharding=...): JAX must know the program's devices while lowering it, to
-# say which one runs the callback, and it asks that of a primitive.
+# (sharding=...) and of ops with an effect: JAX must know the program's
+# devices while lowering it, to say which one runs the callback, and it asks
+# that of a primitive.
 jaxbind_pinned_p = Primitive("jaxbind_pinned")
 jaxbind_pinned_p.multiple_results = True
 PRIMITIVES = (jaxbind_p, jaxbind_pinned_p)
@@ -24,6 +25,8 @@ PRIMITIVES = (jaxbind_p, jaxbind_pinned_p)
 def bind(args, role, kwargs, batch=None):
     # Inside shard_map the inputs must vary over the same manual axes (see
     # cast_to_common_vma): every bind, the rules' included, goes through here.
-    pinned = role.op.jax_callback is not None and role.op.jax_callback.sharding is not None
+    # (and an op with an effect, which a sharded program runs on one device: see _lowering)
+    jax_callback = role.op.jax_callback
+    pinned = role.op.effect is not None or (jax_callback is not None and jax_callback.sharding is not None)
     primitive = jaxbind_pinned_p if pinned else jaxbind_p
     return primitive.bind(*cast_to_common_vma(args), role=role, kwargs=kwargs, batch=batch)

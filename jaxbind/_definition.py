@@ -143,6 +143,12 @@ class OpDef:
     # setup=: the state its Python callbacks share, or None. A _state.Setup (which keeps the states);
     # not named here, since _state sits above this module (it reads OpKind).
     setup: object | None = None
+    # Side effects (see _effects): None (pure), "io" (never dropped or merged) or "ordered" (also in
+    # program order). An op with one runs one call at a time unless thread_safe.
+    effect: str | None = None
+    # The lock every call of the op holds (a _trampoline.Exclusive), for an op with an effect that is
+    # not thread_safe; None otherwise. Not part of equality: state, shared by the op's variants.
+    exclusive: object | None = None
 
     # This process's state of the op, kept with the definition (it dies with it). Not part of
     # equality, not copied by dataclasses.replace (a variant is another op); set by the methods below.
@@ -170,6 +176,7 @@ class OpDef:
             self.jax_callback,
             self.inplace,
             self.setup,
+            self.effect,
         )
 
     def __eq__(self, other):
@@ -231,13 +238,25 @@ class OpDef:
 
     @property
     def has_derivatives(self) -> bool:
-        """False for a nonlinear op made with ``f_derivative=None``."""
+        """False for a nonlinear op made with ``f_derivative=None``, and for an op with an effect."""
+        if self.effect is not None:
+            return False
         return self.kind is not OpKind.NONLINEAR or len(self.families) > 1
 
     def no_derivatives_error(self, requested: str) -> ValueError:
         """The error for differentiating an op made without derivatives."""
+        what = "transpose" if "transpose" in requested else "JVP"
+        if self.jax_callback is not None and self.effect is not None:  # jax.io_callback's words
+            return ValueError(f"IO callbacks do not support {what}. (jaxbind op '{self.name}')")
+        if self.effect is not None:
+            return ValueError(
+                f"jaxbind op '{self.name}' has effect={self.effect!r} and so no derivatives: JAX asked for "
+                f"{requested}. Each call of a stateful op changes its state, so a derivative that called it "
+                "again would see another one. Differentiate in JAX if the op's outputs have a derivative "
+                "(jax.custom_vjp around the op, with rules of your own; JAX allows effects there from "
+                "0.12), or hold its inputs constant with jax.lax.stop_gradient."
+            )
         if self.jax_callback is not None:  # jax.pure_callback's words, which code may test for
-            what = "transpose" if "transpose" in requested else "JVP"
             rule = "jax.custom_vjp" if what == "transpose" else "jax.custom_jvp"
             return ValueError(
                 f"Pure callbacks do not support {what}. Please use `{rule}` to use callbacks while "

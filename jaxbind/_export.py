@@ -6,7 +6,7 @@ import importlib
 
 import jax
 
-from ._runtime import ASYNC_TARGET, TARGET
+from ._runtime import ASYNC_TARGET, EFFECT_TARGET, TARGET
 
 __all__ = ["export"]
 
@@ -70,7 +70,7 @@ def export(fun, **kwargs):
     >>> y = exported.call(x)                                   # doctest: +SKIP
     """
     jax_export = _jax_export()
-    allowed = [jax_export.DisabledSafetyCheck.custom_call(target) for target in (TARGET, ASYNC_TARGET)]
+    allowed = [jax_export.DisabledSafetyCheck.custom_call(target) for target in (TARGET, ASYNC_TARGET, EFFECT_TARGET)]
     disabled = list(kwargs.pop("disabled_checks", ()))
     disabled += [check for check in allowed if check not in disabled]
     return jax_export.export(fun, disabled_checks=disabled, **kwargs)

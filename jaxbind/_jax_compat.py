@@ -15,24 +15,31 @@ __all__ = [
     "batching",
     "canonicalize_dtype",
     "cast_to_common_vma",
+    "effects_module",
+    "ffi_call_operation",
     "get_aval",
     "hold_as_host_callback",
     "hold_weakly_in_jax_caches",
+    "jax_io_effect_types",
     "lowering_for_export",
     "lru_cleared_with_jax_caches",
     "mlir",
     "needs_devices_to_lower",
+    "ordered_token",
     "place_callback",
     "register_batch_partitionable",
     "register_replication_rules",
     "reshard_like",
     "runtime_error_of_fast_path",
+    "runtime_token_set",
     "set_frontend_attribute",
+    "set_ordered_token",
     "shaped_array",
     "sharding_spec",
     "varying_axes",
 ]
 
+import dataclasses
 import inspect
 import itertools
 
@@ -47,6 +54,7 @@ except ImportError:  # pragma: no cover - older layouts
 import jax
 import numpy as np
 from jax._src import core as _core
+from jax._src import ffi as _ffi
 from jax._src import lib as _lib
 
 # The type of a concrete JAX array (jax.Array is an abstract base class over it).
@@ -130,15 +138,19 @@ def reshard_like(x, aval):
     return _reshard(x, jax.sharding.PartitionSpec(*want))
 
 
-def shaped_array(shape, dtype, like=None, vma=frozenset(), spec=()):
+def shaped_array(shape, dtype, like=None, vma=frozenset(), spec=(), on_mesh=True):
     """An array type varying over ``vma``, on the mesh of ``like`` (an input's type).
 
     ``spec`` gives the sharding of its leading dimensions (it matters only for
-    explicit mesh axes); the other dimensions are unsharded.
+    explicit mesh axes); the other dimensions are unsharded. ``on_mesh=False``:
+    on no mesh, as JAX types its callbacks' results (a side-effecting call's
+    results are made on one device, never replicated over a mesh).
     """
     if _cur_mesh_sharding is None:  # pragma: no cover - jax 0.5
         return _core.ShapedArray(shape, dtype)
     full = jax.sharding.PartitionSpec(*spec, *([None] * (len(shape) - len(spec))))
+    if not on_mesh and not _cur_mesh_sharding(full).mesh._any_axis_manual:
+        return _core.ShapedArray(shape, dtype)
     mesh = getattr(getattr(like, "sharding", None), "mesh", None)
     if mesh is None or mesh.empty:
         sharding = _cur_mesh_sharding(full)
@@ -257,20 +269,17 @@ def batch_partitioning_attributes(ctx, levels: int, avals_in=None) -> dict:
     return attributes
 
 
-def set_frontend_attribute(results, key: str, value: str):
-    """Attach ``key = value`` to the frontend attributes of the op that made ``results``.
+def set_frontend_attribute(op, key: str, value: str) -> None:
+    """Attach ``key = value`` to the frontend attributes of an operation.
 
     XLA keeps frontend attributes through compilation (``frontend_attributes=``
     in the compiled HLO), so they name the op in lowered and compiled programs.
-    Returns ``results``.
     """
-    op = results[0].owner
     attrs = {}
     if "mhlo.frontend_attributes" in op.attributes:  # keep any already there
         attrs = {a.name: a.attr for a in op.attributes["mhlo.frontend_attributes"]}
     attrs[key] = mlir.ir.StringAttr.get(value)
     op.attributes["mhlo.frontend_attributes"] = mlir.ir.DictAttr.get(attrs)
-    return results
 
 
 # ---------------------------------------------------------------------------
@@ -291,12 +300,14 @@ def runtime_error_of_fast_path(err: ValueError, prefixes: tuple):
     return jax.errors.JaxRuntimeError(str(err)).with_traceback(err.__traceback__)
 
 
-def place_callback(ctx, results, sharding) -> None:
-    """Annotate a custom call as ``jax.pure_callback`` annotates its own.
+def place_callback(ctx, op, sharding, tokened: bool = False) -> None:
+    """Annotate a custom call (the operation) as ``jax.pure_callback`` annotates its own.
 
     A sharded program runs it once, on one device (``sharding``'s, default the
     first of the program's); inside ``shard_map`` on every device. Nothing
-    outside a partitioned program.
+    outside a partitioned program. ``tokened``: its first operand and result
+    are an ordered effect's token (``jax.experimental.io_callback(ordered=True)``'s
+    annotation has one entry more for it).
     """
     from jax._src import callback as _callback
     from jax._src.interpreters import mlir as _mlir
@@ -304,10 +315,30 @@ def place_callback(ctx, results, sharding) -> None:
     op_sharding = _callback._callback_op_sharding(ctx.module_context.axis_context, sharding, ctx.avals_out)
     if op_sharding is None:
         return
+    shardings = getattr(op_sharding, "shardings", None)  # (Shardy's list, one per result)
+    if tokened and shardings is not None and len(ctx.avals_out) > 0:
+        token = dataclasses.replace(shardings[0], mesh_shape=(), dim_shardings=())
+        op_sharding = dataclasses.replace(op_sharding, shardings=(token, *shardings))
     if "ctx" in inspect.signature(_mlir.set_sharding).parameters:
-        _mlir.set_sharding(ctx.module_context, results[0].owner, op_sharding)
+        _mlir.set_sharding(ctx.module_context, op, op_sharding)
     else:  # jax < 0.7: set_sharding(op, sharding)
-        _mlir.set_sharding(results[0].owner, op_sharding)
+        _mlir.set_sharding(op, op_sharding)
+
+
+def ffi_call_operation(target: str, ctx, args, **options):
+    """The custom call of an FFI target (the operation, which may have no results).
+
+    ``options``: :func:`jax.ffi.ffi_lowering`'s keyword arguments, then the
+    call's attributes.
+    """
+    build = getattr(_ffi, "build_ffi_lowering_function", None)
+    attributes = {k: options.pop(k) for k in list(options) if k in ("jaxbind", "site")}
+    if build is not None:
+        return build(target, **options)(ctx, *args, **attributes)
+    results = jax.ffi.ffi_lowering(target, **options)(ctx, *args, **attributes)  # pragma: no cover - jax < 0.6
+    if not results:
+        raise NotImplementedError("jaxbind: a call with no results needs jax 0.6 or newer")
+    return results[0].owner
 
 
 def needs_devices_to_lower(primitive) -> None:
@@ -404,3 +435,37 @@ def lru_cleared_with_jax_caches(max_size: int):
     from jax._src import util as _util
 
     return _util.cache(max_size=max_size, trace_context_in_key=False)
+
+
+# -- effects (jaxbind.io_callback and ops with effect=) --------------------------------------------
+
+
+def effects_module():
+    """JAX's module of effect types and the sets that say where each is allowed."""
+    from jax._src import effects as _effects
+
+    return _effects
+
+
+def jax_io_effect_types() -> tuple:
+    """The types of ``jax.experimental.io_callback``'s effects: (unordered, ordered)."""
+    from jax._src import callback as _callback
+
+    return type(_callback._IOEffect), type(_callback._OrderedIOEffect)
+
+
+def runtime_token_set():
+    """JAX's store (per thread) of the runtime tokens that order the programs of an ordered effect."""
+    from jax._src import dispatch as _dispatch
+
+    return _dispatch.runtime_tokens
+
+
+def ordered_token(ctx, effect):
+    """The token an ordered effect's call takes in a lowering."""
+    return ctx.tokens_in.get(effect)
+
+
+def set_ordered_token(ctx, effect, token) -> None:
+    """The token an ordered effect's call returns, handed on to the next call of the effect."""
+    ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({effect: token})))

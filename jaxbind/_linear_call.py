@@ -18,6 +18,7 @@ from ._arguments import (
     named_callback,
 )
 from ._definition import CallbackKind, Family, OpDef, OpKind
+from ._effects import check_effect, exclusive_for
 from ._op import Op
 
 __all__ = ["get_linear_call"]
@@ -38,6 +39,7 @@ def get_linear_call(
     inplace: dict | None = None,
     setup: Callable | None = None,
     setup_cache: int | None = None,
+    effect: str | None = None,
 ) -> Op:
     """Create a JAX op from a linear (or multilinear) function and its transpose(s).
 
@@ -150,6 +152,12 @@ def get_linear_call(
         output to argument: ``jax.ffi.ffi_call``'s
         ``input_output_aliases={argument: output}`` is
         ``inplace={output: argument}`` here.
+    effect : {None, "io", "ordered"}, default None
+        The op's side effects, as for :func:`jaxbind.get_nonlinear_call`: an
+        op with one is never dropped or merged (and with ``"ordered"`` runs in
+        program order), runs one call at a time unless ``thread_safe=True``,
+        and cannot be differentiated or transposed (its transposes are then
+        never called).
     setup : callable, optional
         ``setup(args, kwargs) -> state``: makes what the callbacks need and
         should not make again at every call (a factorization, a plan, a
@@ -268,6 +276,8 @@ def get_linear_call(
             linear=True,
         )
         kind = OpKind.LINEAR
+    thread_safe = check_thread_safe(name, thread_safe)
+    effect = check_effect(name, effect)
     return Op(
         OpDef(
             kind,
@@ -276,8 +286,10 @@ def get_linear_call(
             first_n_args_fixed,
             func_can_batch,
             vmap_method,
-            thread_safe=check_thread_safe(name, thread_safe),
+            thread_safe=thread_safe,
             inplace=inplace_pairs(name, inplace),
             setup=declared_setup((family,), setup, setup_cache, name),
+            effect=effect,
+            exclusive=exclusive_for(effect, thread_safe),
         )
     )

@@ -11,19 +11,23 @@ import numpy as np
 from . import _programs  # noqa: F401  (sets the core's program check and resolver before a program runs)
 from ._batch_types import Batch
 from ._definition import Role
+from ._effects import ORDERED
 from ._errors import JaxbindError
 from ._jax_compat import (
     add_keepalive,
     auto_device_count,
     batch_partitioning_attributes,
+    ffi_call_operation,
     hold_as_host_callback,
     lowering_for_export,
     mlir,
+    ordered_token,
     place_callback,
     set_frontend_attribute,
+    set_ordered_token,
 )
 from ._kwargs import Kwargs
-from ._runtime import ASYNC_TARGET, TARGET
+from ._runtime import ASYNC_TARGET, EFFECT_TARGET, TARGET
 from ._sites import check_exportable, describe, partitioned_levels, site_for
 
 _ffi_lowerings = {target: jax.ffi.ffi_lowering(target) for target in (TARGET, ASYNC_TARGET)}
@@ -87,8 +91,30 @@ def _operand_output_aliases(ctx, role: Role) -> dict:
     return aliases
 
 
+def _check_effect_placement(ctx, role: Role) -> None:
+    """Refuse an op with an effect in a program XLA partitions over several devices itself.
+
+    Inside ``shard_map`` every device runs its own calls, as JAX's callbacks
+    do. Outside it, JAX pins its own callbacks to one device through a
+    sharding that XLA's partitioner keeps for JAX's callback targets only;
+    jaxbind's would be replicated over the devices (and XLA refuses a
+    side-effecting call that is).
+    """
+    devices = auto_device_count(ctx)
+    if devices > 1:
+        raise NotImplementedError(
+            f"jaxbind op '{role.op.name}' has an effect ({role.op.effect!r}) and is called in a program that "
+            f"XLA partitions over {devices} devices, where jaxbind cannot pin it to one device: call it "
+            "inside jax.shard_map (every device then runs its own calls, in order), or in a program on one "
+            "device (jax.jit of unsharded arguments outside a multi-device mesh)."
+        )
+
+
 def jaxbind_lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
     target = ASYNC_TARGET if getattr(role.callback, "concurrent", False) else TARGET
+    if role.op.effect is not None:
+        target = EFFECT_TARGET
+        _check_effect_placement(ctx, role)
     jax_callback = role.op.jax_callback  # jaxbind.pure_callback's: placed as jax.pure_callback is
     # A batch XLA may split over devices, unless the callback is pinned to one device.
     levels = partitioned_levels(role, batch)
@@ -111,12 +137,35 @@ def jaxbind_lowering(ctx, *args, role: Role, kwargs: Kwargs, batch: Batch):
             hold_as_host_callback(ctx)
         text, key = handle.description, handle.key
     aliases = _operand_output_aliases(ctx, role)
-    if not levels and not aliases:
-        rule = _ffi_lowerings[target]
+    effect = role.op.effect
+    avals_out = tuple(ctx.avals_out)
+    if effect == "ordered":  # the effect's token first among operands and results (the core drops them)
+        args = (ordered_token(ctx, ORDERED), *args)
+        avals_in, avals_out = (jax.core.abstract_token, *avals_in), (jax.core.abstract_token, *avals_out)
+        aliases = {arg + 1: out + 1 for arg, out in aliases.items()}
+    lowered = ctx.replace(avals_in=avals_in, avals_out=avals_out)
+    if not levels and not aliases and effect is None and jax_callback is None:
+        results = _ffi_lowerings[target](lowered, *args, jaxbind=text, site=np.int64(key))
+        call = results[0].owner
     else:
         extra = batch_partitioning_attributes(ctx, levels, avals_in) if levels else None
-        rule = jax.ffi.ffi_lowering(target, extra_attributes=extra, operand_output_aliases=aliases or None)
-    results = rule(ctx.replace(avals_in=avals_in), *args, jaxbind=text, site=np.int64(key))
-    if jax_callback is not None and not levels and results:
-        place_callback(ctx, results, jax_callback.sharding)
-    return set_frontend_attribute(results, "jaxbind_op", role.op.name)  # the name in the HLO
+        call = ffi_call_operation(
+            target,
+            lowered,
+            args,
+            extra_attributes=extra,
+            operand_output_aliases=aliases or None,
+            has_side_effect=effect is not None,
+            jaxbind=text,
+            site=np.int64(key),
+        )
+        if (jax_callback is not None or effect is not None) and not levels:
+            # as JAX places its callbacks; an op with an effect runs once in a sharded program
+            sharding = jax_callback.sharding if jax_callback is not None else None
+            place_callback(ctx, call, sharding, tokened=effect == "ordered")
+        results = list(call.results)
+    if effect == "ordered":
+        token, *results = results
+        set_ordered_token(ctx, ORDERED, token)
+    set_frontend_attribute(call, "jaxbind_op", role.op.name)  # the name in the HLO
+    return results

@@ -18,6 +18,7 @@ from ._arguments import (
     named_callback,
 )
 from ._definition import CallbackKind, Family, OpDef, OpKind
+from ._effects import check_effect, exclusive_for
 from ._op import Op
 
 __all__ = ["get_nonlinear_call"]
@@ -39,6 +40,7 @@ def get_nonlinear_call(
     inplace: dict | None = None,
     setup: Callable | None = None,
     setup_cache: int | None = None,
+    effect: str | None = None,
 ) -> Op:
     """Create a JAX op from a nonlinear function with its jvp and vjp.
 
@@ -107,6 +109,14 @@ def get_nonlinear_call(
         updated in place (see :func:`jaxbind.get_linear_call`); the
         inverse of ``jax.ffi.ffi_call``'s ``input_output_aliases={argument:
         output}``.
+    effect : {None, "io", "ordered"}, default None
+        The op's side effects (a code with state: a ``SAVE`` variable, a
+        simulator handle, a writer). None: pure, as every op without it.
+        ``"io"``: its calls are never dropped (results unused) or merged
+        (equal calls); ``"ordered"``: they also run in program order. Such an
+        op runs one call at a time unless ``thread_safe=True``, refuses
+        ``vmap`` when ordered, and has no derivatives (pass
+        ``f_derivative=None``); see the callbacks guide.
     setup : callable, optional
         ``setup(args, kwargs) -> state``: makes what ``f`` and its
         derivatives need and should not make again (a factorization, a plan,
@@ -188,10 +198,30 @@ def get_nonlinear_call(
         callbacks=(f,), abstracts=(abstract,), kinds=(CallbackKind.FORWARD,), labels=("forward",), linear=False
     )
 
+    effect = check_effect(name, effect)
+    if effect is not None and f_derivative is not None:
+        raise ValueError(
+            f"jaxbind op '{name}': an op with effect={effect!r} has no derivatives (each call changes its "
+            "state, so a derivative that called it again would see another state): pass "
+            "f_derivative=None and abstract_reverse=None, and differentiate in JAX if you must "
+            "(jax.custom_vjp around the op)."
+        )
+
     def nonlinear_op(families):
-        flags = (first_n_args_fixed, func_can_batch, vmap_method, n_residuals, check_thread_safe(name, thread_safe))
+        thread_safe_ = check_thread_safe(name, thread_safe)
+        flags = (first_n_args_fixed, func_can_batch, vmap_method, n_residuals, thread_safe_)
         declared = declared_setup(families, setup, setup_cache, name)
-        return Op(OpDef(OpKind.NONLINEAR, name, families, *flags, inplace=inplace_pairs(name, inplace), setup=declared))
+        definition = OpDef(
+            OpKind.NONLINEAR,
+            name,
+            families,
+            *flags,
+            inplace=inplace_pairs(name, inplace),
+            setup=declared,
+            effect=effect,
+            exclusive=exclusive_for(effect, thread_safe_),
+        )
+        return Op(definition)
 
     if f_derivative is None:
         if abstract_reverse is not None:

@@ -34,7 +34,7 @@ __all__ = []
 
 for _p in PRIMITIVES:
     _p.def_impl(functools.partial(apply_primitive, _p))
-    _p.def_abstract_eval(jaxbind_abstract_eval)
+    _p.def_effectful_abstract_eval(jaxbind_abstract_eval)
     ad.primitive_jvps[_p] = jaxbind_jvp
     ad.primitive_transposes[_p] = jaxbind_transpose
     batching.primitive_batchers[_p] = jaxbind_batch

@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 from ._definition import CallbackKind, Family, JaxCallback, OpDef, OpKind
+from ._effects import exclusive_for
 from ._jax_compat import at_top_level, canonicalize_dtype, lru_cleared_with_jax_caches
 from ._kept_views import BY_ITEM, UNKEPT, give_copies, held, own_copy
 from ._op import Op
@@ -53,9 +54,9 @@ _lock = threading.Lock()
 _definitions: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def _op_name_for(callback) -> str:
+def _op_name_for(callback, door: str = "pure_callback") -> str:
     name = getattr(callback, "__qualname__", None) or getattr(callback, "__name__", None)
-    return f"pure_callback({name or type(callback).__name__})"
+    return f"{door}({name or type(callback).__name__})"
 
 
 def _identity(callback) -> tuple:
@@ -123,15 +124,16 @@ class _Runner(functools.partial):
         raise TypeError(f"the op of jaxbind.{_op_name_for(self.target)} cannot be pickled")
 
 
-def _op_for(callback, in_tree, vmap_method, sharding) -> Op:
-    """The op of a callback, structure, ``vmap_method`` and ``sharding``: of the live definition, or a new one."""
+def _op_for(callback, in_tree, vmap_method, sharding, effect=None) -> Op:
+    """The op of a callback, structure, ``vmap_method``, ``sharding`` and effect (``jaxbind.io_callback``'s):
+    of the live definition, or a new one."""
     method = named(vmap_method)  # (checked by pure_callback, in JAX's words)
-    key = (_identity(callback), in_tree, method, sharding)
+    key = (_identity(callback), in_tree, method, sharding, effect)
     with _lock:
         definition = _definitions.get(key)
         # (the definition holds its callback, so while it lives no other object has the callback's id)
         if definition is None or not _same(definition.families[0].callbacks[0].target, callback):
-            definition = _definitions[key] = _make_definition(callback, in_tree, method, sharding)
+            definition = _definitions[key] = _make_definition(callback, in_tree, method, sharding, effect)
     _recent(definition)
     return Op(definition)
 
@@ -157,19 +159,45 @@ def _abstract(*args, result):
     return tuple((shape, dtype_named(name)) for shape, name in result)
 
 
-def _make_definition(callback, in_tree, vmap_method, sharding) -> OpDef:
-    name = _op_name_for(callback)
-    runner = _Runner(_make_run(callback, in_tree, name), callback, in_tree)
+def _make_definition(callback, in_tree, vmap_method, sharding, effect) -> OpDef:
+    door = "pure_callback" if effect is None else "io_callback"
+    name = _op_name_for(callback, door)
+    runner = _Runner(_make_run(callback, in_tree, name, f"jax.{door} failed"), callback, in_tree)
     family = Family(
         callbacks=(runner,), abstracts=(_abstract,), kinds=(CallbackKind.FORWARD,), labels=("forward",), linear=False
     )
     runner.definition = OpDef(
-        OpKind.NONLINEAR, name, (family,), 0, False, vmap_method, jax_callback=JaxCallback(sharding)
+        OpKind.NONLINEAR,
+        name,
+        (family,),
+        0,
+        False,
+        vmap_method,
+        jax_callback=JaxCallback(sharding),
+        effect=effect,
+        exclusive=None if effect is None else _exclusive(callback),
     )
     return runner.definition
 
 
-def _make_run(callback, in_tree, name):
+# what identifies a callback -> the lock all calls of its io_callback ops hold, while one lives
+_exclusives: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _exclusive(callback):
+    """One lock per callback (under ``_lock``): its calls never overlap, whatever structure each passes.
+
+    (A definition holds its callback and its lock: while the lock lives, no other object has the
+    callback's id.)
+    """
+    key = _identity(callback)
+    lock = _exclusives.get(key)
+    if lock is None:
+        lock = _exclusives[key] = exclusive_for("io", False)
+    return lock
+
+
+def _make_run(callback, in_tree, name, failed):
     unflatten = in_tree.unflatten
     leaves = jax.tree_util.tree_leaves
     n_args = in_tree.num_leaves
@@ -190,7 +218,7 @@ def _make_run(callback, in_tree, name):
                     a, k = unflatten(mine)
                     result = callback(*a, **k)
             except BaseException:
-                _jax_log.exception("jax.pure_callback failed")
+                _jax_log.exception(failed)
                 raise
             a = k = None
             if (
@@ -290,24 +318,24 @@ def _flatten_arguments(args, kwargs, name):
         raise
 
 
-def _eager(callback, flat_args, in_tree, specs, out_tree):
+def _eager(callback, flat_args, in_tree, specs, out_tree, door="pure_callback"):
     """Outside any trace, as JAX does: the callback gets jax Arrays on a CPU device, and its
     failure is a ``JaxRuntimeError`` with the jitted call's text, logged as JAX logs it."""
     try:
         cpu = jax.local_devices(backend="cpu")[0]
     except RuntimeError as err:
         raise RuntimeError(
-            "jaxbind.pure_callback found no local CPU device to place the inputs on: list "
+            f"jaxbind.{door} found no local CPU device to place the inputs on: list "
             '"cpu" in --jax_platforms or JAX_PLATFORMS.'
         ) from err
-    name = _op_name_for(callback)
+    name = _op_name_for(callback, door)
     args, kwargs = in_tree.unflatten(jax.device_put(list(flat_args), cpu))
     try:
         try:
             with jax.default_device(cpu):
                 result = callback(*args, **kwargs)
         except BaseException:
-            _jax_log.exception("jax.pure_callback failed")
+            _jax_log.exception(f"jax.{door} failed")
             raise
         outs = [np.empty(shape, np.bool_ if dtype == jax.dtypes.float0 else dtype) for shape, dtype, _ in specs]
         _write_results(name, outs, result, jax.tree_util.tree_leaves)

@@ -21,7 +21,7 @@ from ._kept_views import retire_overlapping
 from ._state import SetupError
 from ._user_abstract import output_shape_hint
 
-__all__ = ["ASYNC_TARGET", "TARGET", "config", "format_callback_error"]
+__all__ = ["ASYNC_TARGET", "EFFECT_TARGET", "TARGET", "config", "format_callback_error"]
 
 # How long the exit hook waits for callbacks that are still running on XLA's threads.
 EXIT_TIMEOUT_SECONDS = 10.0
@@ -100,10 +100,16 @@ config = Config()
 
 TARGET = "jaxbind_dispatch"
 ASYNC_TARGET = "jaxbind_dispatch_async"  # concurrent native kernels, on XLA's thread pool
+# Ops with an effect: the handler of TARGET, under a name XLA never partitions as a batch, so that
+# the sharding a sharded program gives the call (one device, as JAX's callbacks) holds.
+EFFECT_TARGET = "jaxbind_dispatch_effect"
 # Each target's instantiate stage runs once per compiled program, before its calls: it checks
 # that every call's site key and description belong together (_programs.check_program).
 jax.ffi.register_ffi_target(
     TARGET, {"instantiate": _trampoline.instantiate_handler(), "execute": _trampoline.handler()}, platform="cpu"
+)
+jax.ffi.register_ffi_target(
+    EFFECT_TARGET, {"instantiate": _trampoline.instantiate_handler(), "execute": _trampoline.handler()}, platform="cpu"
 )
 jax.ffi.register_ffi_target(
     ASYNC_TARGET,

@@ -197,6 +197,8 @@ def structure(definition: OpDef) -> dict:
     }
     if definition.inplace:  # (only then: the descriptions, and so the keys, of other ops stay as they were)
         structure["inplace"] = [list(pair) for pair in definition.inplace]
+    if definition.effect is not None:  # (likewise)
+        structure["effect"] = definition.effect
     return structure
 
 
@@ -333,19 +335,21 @@ def _register(role: Role, kwargs: Kwargs, batch, avals_in, avals_out, padded, ke
     layout = kind.site_layout(role)
     valid_levels = batch.levels if padded else 0
     types = _buffer_types(role, batch, avals_in, avals_out, padded)
+    # (an ordered op's calls pass tokens, which the core drops; an op with an effect holds its lock)
+    effect = (role.op.effect == "ordered", role.op.exclusive)
     if isinstance(callback, NativeKernel):
         entries = kernel_kwargs(kwargs.values, role.label, batch_axes, len(avals_in), can_batch, callback)
         address = callback.address_for(avals_in, avals_out, kwargs.values)
         dump = b""
         serial = _trampoline.register_site(
-            key, text, role.label, None, dump, *layout, address, entries, valid_levels, False, *types
+            key, text, role.label, None, dump, *layout, address, entries, valid_levels, False, *effect, *types
         )
     else:
         dump = kwargs.with_values(batch_axes=batch_axes).dump if can_batch else kwargs.dump
         if role.op.setup is not None:  # called with the state of its leading inputs
             callback = role.op.setup.bind(callback, setup_inputs(role, len(avals_in)), can_batch)
         serial = _trampoline.register_site(
-            key, text, role.label, callback, dump, *layout, 0, [], valid_levels, role.op.thread_safe, *types
+            key, text, role.label, callback, dump, *layout, 0, [], valid_levels, role.op.thread_safe, *effect, *types
         )
     handle = SiteHandle(serial, key, text, callback, dump)
     _owners[serial] = weakref.ref(handle, functools.partial(_handle_gone, serial))

@@ -170,10 +170,13 @@ def call_abstract(role: Role, structs, kwargs: Kwargs, batch_axes=None, want_axi
         raise _bad_abstract(role, result, "got a single pair; wrap it in a tuple: ((shape, dtype),)")
     if not isinstance(result, (tuple, list)):
         raise _bad_abstract(role, result, f"got a {type(result).__name__}")
-    if not result:
+    if not result and role.op.effect is None:
         # XLA drops a pure call whose results nobody uses: the callback would never run.
         raise _bad_abstract(
-            role, result, "got no outputs; an op needs at least one (XLA skips pure calls whose results are not used)"
+            role,
+            result,
+            "got no outputs; a pure op needs at least one (XLA skips pure calls whose results are not "
+            'used); an op called for its side effects alone is made with effect="io" or "ordered"',
         )
     outs = [_output_entry(role, result, k, want_axis) for k in range(len(result))]
     if role.inplace_pairs:
