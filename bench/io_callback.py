@@ -11,7 +11,9 @@ so that a run takes about 0.1 s (0.05 s with --quick); the four bodies (each
 API, ordered=False and ordered=True) interleaved in one run, once alone (XLA
 runs the tiny program on the calling thread) and once beside an independent
 ``sum(sin)`` (XLA runs it on a worker thread). Each body is checked first: K
-calls return x + K and count K.
+calls return x + K and count K. Two references run in the same rounds: the
+same callback through ``jaxbind.pure_callback`` (no effect: what the effect
+adds) and the callback alone, called from Python on a read-only NumPy scalar.
 
 Method, scan: a 10^5-step ``lax.scan`` whose every step makes one ordered
 io_callback to a stateful host-side stepper (it logs its argument in a NumPy
@@ -45,6 +47,7 @@ import jaxbind
 
 APIS = {"jax.experimental.io_callback": jax_io_callback, "jaxbind.io_callback": jaxbind.io_callback}
 SCALAR = jax.ShapeDtypeStruct((), jnp.float64)
+REFERENCE = "jaxbind.pure_callback"
 
 
 class Counter:
@@ -95,6 +98,14 @@ def scanned(api, stepper, steps):
     return jax.jit(lambda c0: jax.lax.scan(step, c0, None, length=steps))
 
 
+def body_alone(counter, x, calls=20000):
+    """Seconds per call of the callback itself, from Python, on a read-only 0-d NumPy array."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        counter(x)
+    return (time.perf_counter() - start) / calls
+
+
 def per_call(results, repeats, target):
     x = jnp.asarray(0.25)
     counters = {}
@@ -107,8 +118,16 @@ def per_call(results, repeats, target):
             y = looped(bodies[name, ordered])(x, 5)
             jax.block_until_ready(y)
             assert float(y) == 5.25 and counter.calls - before == 5, (name, ordered, y, counter.calls)
+    # References: the same callback through jaxbind.pure_callback (no effect: what the effect adds),
+    # and called from Python on a NumPy scalar (what the callback itself costs).
+    bodies[REFERENCE, None] = lambda x: jaxbind.pure_callback(Counter(), SCALAR, x)
+    view = np.asarray(0.25)
+    view.flags.writeable = False
     for where, worker in (("caller thread", False), ("worker thread", True)):
-        seconds = interleaved_per_call(list(bodies.values()), x, worker, repeats, target)
+        alone, *seconds = interleaved_per_call(
+            list(bodies.values()), x, worker, repeats, target, plain=(lambda: body_alone(Counter(), view),)
+        )
+        results["per_call_us"][f"references, {where}"] = {REFERENCE: seconds[-1] * 1e6, "callback alone": alone * 1e6}
         for ordered in (False, True):
             row = {name: s * 1e6 for (name, o), s in zip(bodies, seconds) if o == ordered}
             label = f"ordered={ordered}, {where}"
@@ -119,6 +138,10 @@ def per_call(results, repeats, target):
                 f"per call, one float64, {label}: jax {row['jax.experimental.io_callback']:7.2f} us, "
                 f"jaxbind {row['jaxbind.io_callback']:6.2f} us, ratio 1/{1 / ratio:.1f}"
             )
+        print(
+            f"    references, {where}: {REFERENCE} {seconds[-1] * 1e6:.2f} us, "
+            f"the callback alone (from Python) {alone * 1e6:.2f} us"
+        )
 
 
 def scan(results, steps, repeats):
@@ -132,8 +155,10 @@ def scan(results, steps, repeats):
         compile_s[name] = time.perf_counter() - start
     reference = Stepper(steps)
     c, expected = 0.25, np.empty(steps)
+    start = time.perf_counter()
     for i in range(steps):
         c = expected[i] = reference(np.float64(c))
+    python_loop_s = time.perf_counter() - start
     for name, fn in fns.items():
         steppers[name].reset()
         final, ys = jax.block_until_ready(fn(c0))
@@ -154,13 +179,14 @@ def scan(results, steps, repeats):
         "end_to_end_s": row,
         "per_step_us": {name: s / steps * 1e6 for name, s in row.items()},
         "compile_s": compile_s,
+        "stepper_in_a_python_loop_s": python_loop_s,
     }
     results["ratios"][f"scan of {steps} ordered steps, end to end (jax / jaxbind)"] = speedup
     print(
         f"lax.scan, {steps} steps, one ordered io_callback each, end to end: "
         f"jax {seconds[0]:.3f} s, jaxbind {seconds[1]:.3f} s, {speedup:.1f}x faster "
         f"(compile apart: jax {compile_s['jax.experimental.io_callback']:.2f} s, "
-        f"jaxbind {compile_s['jaxbind.io_callback']:.2f} s)"
+        f"jaxbind {compile_s['jaxbind.io_callback']:.2f} s; the stepper alone in a Python loop {python_loop_s:.3f} s)"
     )
 
 
