@@ -14,6 +14,8 @@ runs the tiny program on the calling thread) and once beside an independent
 calls return x + K and count K. Two references run in the same rounds: the
 same callback through ``jaxbind.pure_callback`` (no effect: what the effect
 adds) and the callback alone, called from Python on a read-only NumPy scalar.
+A jitted call of one callback from Python, dispatch included, is timed too
+(``_timing.interleaved_plain_per_call``).
 
 Method, scan: a 10^5-step ``lax.scan`` whose every step makes one ordered
 io_callback to a stateful host-side stepper (it logs its argument in a NumPy
@@ -40,7 +42,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp
 import numpy as np
-from _timing import interleaved_per_call, load_average, looped, machine, median_seconds
+from _timing import interleaved_per_call, interleaved_plain_per_call, load_average, looped, machine, median_seconds
 from jax.experimental import io_callback as jax_io_callback
 
 import jaxbind
@@ -144,6 +146,25 @@ def per_call(results, repeats, target):
         )
 
 
+def jitted_call(results, repeats, target):
+    """One jitted call from Python, dispatch included (JAX's own path for programs with effects)."""
+    x = jnp.asarray(0.25)
+    rows = {}
+    calls = []
+    for ordered in (False, True):
+        for name, api in APIS.items():
+            rows[name, ordered] = None
+            calls.append((jax.jit(counting(api, ordered, Counter())), (x,)))
+    seconds = interleaved_plain_per_call(calls, repeats, target)
+    for ordered in (False, True):
+        row = {name: s * 1e6 for (name, o), s in zip(rows, seconds) if o == ordered}
+        results["jitted_call_us"][f"ordered={ordered}"] = row
+        print(
+            f"jitted call from Python, ordered={ordered}: jax {row['jax.experimental.io_callback']:7.1f} us, "
+            f"jaxbind {row['jaxbind.io_callback']:7.1f} us"
+        )
+
+
 def scan(results, steps, repeats):
     c0 = jnp.asarray(0.25)
     steppers = {name: Stepper(steps) for name in APIS}
@@ -200,9 +221,11 @@ def main():
         "machine": machine(),
         "method": __doc__.split("Method, per call: ")[1].strip(),
         "per_call_us": {},
+        "jitted_call_us": {},
         "ratios": {},
     }
     per_call(results, repeats, target)
+    jitted_call(results, repeats, target)
     scan(results, 10**5, scan_repeats)
     results["load_at_end"] = load_average()
     m = results["machine"]
