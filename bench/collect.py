@@ -16,7 +16,8 @@ docstring describes), so both see the same machine at the same time. Every resul
      "results": what the benchmark script wrote with --json}
 
 ``--only`` reruns some of them and leaves the other files as they are; a group's files are
-replaced only when every run of the group succeeded.
+replaced only when every run of the group succeeded. ``--only io_callback`` runs
+``io_callback.py`` (no figure draws it, so it is not in the default list).
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ def main():
         "scaling": [("scaling", me, "scaling.py", quick)],
         "solvers": [("solvers", me, "solvers.py", quick)],
         "setup": [("setup", me, "setup_state.py", quick)],
+        "io_callback": [("io_callback", me, "io_callback.py", quick)],
     }
     wanted = [g for g in options.only.split(",") if g]
     unknown = set(wanted) - set(groups)
