@@ -11,12 +11,16 @@ import subprocess
 import sys
 
 import _subprocesses
+import jax
 import pytest
 
 import jaxbind
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_effects_sharded.py")
 JAXBIND_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(jaxbind.__file__)))
+# From jax 0.12 on, a program after one whose ordered callback failed raises that failure once and
+# replaces the errored token (jax 0.11.2 and older hand it to every later program: jax-ml/jax#37587).
+JAX_REPLACES_A_FAILED_TOKEN = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 12)
 
 
 def run(*args):
@@ -72,6 +76,14 @@ def test_jax_issue_37587_reproducer(impl):
     if impl == "jaxbind":
         assert later == [[16.0, 18.0, 20.0, 22.0], [24.0, 26.0, 28.0, 30.0]], later
         assert set(range(16)) - {4, 6, 7} <= set(result["seen"])  # the later calls ran
+        assert at_exit == "", at_exit
+    elif JAX_REPLACES_A_FAILED_TOKEN:
+        # JAX's io_callback from jax 0.12 on: the next ordered call still fails with the cached error, its
+        # callback not called, and makes a new token (RuntimeTokenSet.get_token_input); the one after runs.
+        assert isinstance(later[0], str) and "got a 5" in later[0], later
+        assert later[1] == [24.0, 26.0, 28.0, 30.0], later
+        assert not set(range(8, 12)) & set(result["seen"]), result["seen"]
+        assert set(range(12, 16)) <= set(result["seen"]), result["seen"]
         assert at_exit == "", at_exit
     else:
         # JAX's io_callback (jax-ml/jax#37587): every later ordered call fails with the cached error, its
