@@ -11,7 +11,8 @@ own (``scan``/``cond``/``while_loop``; ``custom_jvp``/``custom_vjp`` from 0.12).
 JAX orders the programs of an ordered effect with a runtime token per effect
 and thread, which each program takes and returns. A program whose callback
 failed returns an errored token, and JAX would hand it to every later program,
-each then failing with the old error without running (jax-ml/jax#37587). For
+each then failing with the old error without running (jax-ml/jax#37587; from
+jax 0.12 on only the next program fails so, then JAX makes a new token). For
 jaxbind's ordered effect the token a program returns is waited for as JAX
 stores it: an errored one is not stored (the previous token stays, so the next
 program runs) and the failure is raised from the call that caused it.

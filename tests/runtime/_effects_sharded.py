@@ -1,7 +1,8 @@
 """One process of test_effects_threads.py, on 4 forced CPU devices (XLA_FLAGS set by the test).
 
     python _effects_sharded.py threads          most calls of an op inside at once, per op
-    python _effects_sharded.py raise            after a failing call, the next calls' results
+    python _effects_sharded.py raise [WORD...]  after a failing call, the next calls' results (of the
+                                                cases named by every WORD: python, io, shard_map...)
     python _effects_sharded.py 37587 IMPL       jax-ml/jax#37587: shard_map, an ordered io_callback
                                                 that raises on a 5; IMPL is "jaxbind" or "jax"
     python _effects_sharded.py last HOW EFFECT WHERE
@@ -86,11 +87,14 @@ def threads():
     return result
 
 
-def raise_then_run():
+def raise_then_run(only=()):
+    """The cases (kind, effect, where) whose names hold every word of ``only``."""
     result = {}
     for kind in KINDS:
         for effect in EFFECTS:
             for where in ("jit", "shard_map"):
+                if not all(word in (kind, effect, where) for word in only):
+                    continue
                 st, op = make(kind, effect)
                 if where == "jit":
                     program = jax.jit(lambda v: op(v, fail_on=5.0)[0])
@@ -112,8 +116,16 @@ def raise_then_run():
                 except Exception as err:
                     got["barrier_error"] = f"{type(err).__name__}: {err}"[-1500:]
                 before = st.log()
-                outs = program(after)
-                got["after"] = np.asarray(outs).tolist()
+                try:
+                    outs = program(after)
+                    got["after"] = np.asarray(outs).tolist()
+                    got["stale_error"] = None
+                except Exception as err:
+                    # jaxlib 0.5's CPU client now and then fails this program over several devices with the
+                    # failure of the one before (test_effects_threads.py): recorded, the case ends.
+                    got["stale_error"] = f"{type(err).__name__}: {err}"[-1500:]
+                    result[f"{kind}_{effect}_{where}"] = got
+                    continue
                 jax.effects_barrier()
                 got["after_ok"] = consistent(outs, st.log()[len(before) :], after.reshape(shape), float(sum(before)))
                 result[f"{kind}_{effect}_{where}"] = got
@@ -178,7 +190,7 @@ if __name__ == "__main__":
     if mode == "threads":
         out = threads()
     elif mode == "raise":
-        out = raise_then_run()
+        out = raise_then_run(sys.argv[2:])
     elif mode == "last":
         out = fails_last(*sys.argv[2:5])
     else:

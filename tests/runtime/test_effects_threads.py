@@ -11,12 +11,35 @@ import subprocess
 import sys
 
 import _subprocesses
+import jax
 import pytest
 
 import jaxbind
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_effects_sharded.py")
 JAXBIND_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(jaxbind.__file__)))
+# From jax 0.12 on, a program after one whose ordered callback failed raises that failure once and
+# replaces the errored token (jax 0.11.2 and older hand it to every later program: jax-ml/jax#37587).
+JAX_VERSION = tuple(int(p) for p in jax.__version__.split(".")[:2])
+JAX_REPLACES_A_FAILED_TOKEN = JAX_VERSION >= (0, 12)
+# jaxlib 0.5's CPU client now and then fails a program over several devices (shard_map) with the
+# failure of the program before it on one of them ("Error dispatching computation: <that failure>"),
+# and every later program over those devices then fails so too (ten tries); JAX's own io_callback too
+# (one run in ~150 of jax_37587's shard_map with an unordered call). Seen with jax 0.5.3, not with 0.10.2
+# or 0.12.0.1 (0.6 to 0.9 not checked). There the test accepts that repeated failure, in shard_map only.
+STALE_FAILURE = "Error dispatching computation"
+JAX_MAY_REPEAT_A_FAILURE_ON_DEVICES = JAX_VERSION < (0, 6)
+
+
+def stale(value, where="shard_map") -> bool:
+    """Whether ``value`` is the failure of the call before, repeated by jaxlib 0.5 (see above)."""
+    return (
+        JAX_MAY_REPEAT_A_FAILURE_ON_DEVICES
+        and where == "shard_map"
+        and isinstance(value, str)
+        and STALE_FAILURE in value
+        and "got a 5" in value
+    )
 
 
 def run(*args):
@@ -49,16 +72,29 @@ def test_an_op_with_an_effect_never_runs_on_two_threads_at_once_unless_thread_sa
 
 
 def test_after_a_call_raises_the_next_runs_right_and_the_process_exits_cleanly():
-    code, result, err, at_exit = run("raise")
-    assert code == 0 and result is not None, err[-4000:]
+    # On jaxlib 0.5 each shard_map case runs in a process of its own (a repeated failure, see above,
+    # stays with the devices).
+    if JAX_MAY_REPEAT_A_FAILURE_ON_DEVICES:
+        cases = [(kind, effect, "shard_map") for kind in ("python", "native") for effect in ("io", "ordered")]
+        runs = [("jit",), *cases]
+    else:
+        runs = [()]
+    result = {}
+    for words in runs:
+        code, part, err, at_exit = run("raise", *words)
+        assert code == 0 and part is not None, err[-4000:]
+        assert at_exit == "", at_exit  # nothing printed at exit ("Exception ignored ..." before)
+        result.update(part)
     assert len(result) == 8  # python/native x io/ordered x jit/shard_map
     for name, got in result.items():
         assert got["first_ok"], (name, got)
         assert got["error"] is not None and "got a 5" in got["error"], (name, got)
         # (jax.effects_barrier() right after the failure raises it again for io ops under shard_map, as it
         # does for jax's io_callback: the runtime token of the failed program; the next call replaces it.)
+        if got["stale_error"] is not None:
+            assert stale(got["stale_error"], "shard_map" if name.endswith("shard_map") else "jit"), (name, got)
+            continue
         assert got["after_ok"], (name, got)  # the loop's result from the state the failure left
-    assert at_exit == "", at_exit  # nothing printed at exit ("Exception ignored ..." before)
 
 
 @pytest.mark.parametrize("impl", ["jaxbind", "jax"])
@@ -69,9 +105,20 @@ def test_jax_issue_37587_reproducer(impl):
     first, failed, *later = result["results"]
     assert first == [0.0, 2.0, 4.0, 6.0]
     assert isinstance(failed, str) and "got a 5" in failed, failed
-    if impl == "jaxbind":
+    if impl == "jaxbind" and stale(later[0]):  # (jaxlib 0.5, now and then: see above; it stays)
+        assert all(stale(v) for v in later), later
+        assert at_exit == "", at_exit
+    elif impl == "jaxbind":
         assert later == [[16.0, 18.0, 20.0, 22.0], [24.0, 26.0, 28.0, 30.0]], later
         assert set(range(16)) - {4, 6, 7} <= set(result["seen"])  # the later calls ran
+        assert at_exit == "", at_exit
+    elif JAX_REPLACES_A_FAILED_TOKEN:
+        # JAX's io_callback from jax 0.12 on: the next ordered call still fails with the cached error, its
+        # callback not called, and makes a new token (RuntimeTokenSet.get_token_input); the one after runs.
+        assert isinstance(later[0], str) and "got a 5" in later[0], later
+        assert later[1] == [24.0, 26.0, 28.0, 30.0], later
+        assert not set(range(8, 12)) & set(result["seen"]), result["seen"]
+        assert set(range(12, 16)) <= set(result["seen"]), result["seen"]
         assert at_exit == "", at_exit
     else:
         # JAX's io_callback (jax-ml/jax#37587): every later ordered call fails with the cached error, its
