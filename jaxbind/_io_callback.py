@@ -84,7 +84,7 @@ def io_callback(
         From the call, when the callback raises (logged as JAX logs it, "jax.io_callback
         failed" on the logger ``jax._src.callback``) or returns results of another
         number, shape or dtype than declared. The program's next call runs as
-        usual (an ordered one too, in ``shard_map`` too, on jax 0.6 and newer).
+        usual (an ordered one too, in ``shard_map`` too, on jax 0.10 and newer).
 
     Examples
     --------
