@@ -23,7 +23,7 @@ from __future__ import annotations
 import atexit
 
 from . import _trampoline
-from ._jax_compat import effects_module, jax_io_effects, runtime_token_set
+from ._jax_effects import effects_module, jax_io_effects, runtime_token_set
 
 __all__ = ["EFFECTS", "IO", "ORDERED", "check_effect", "effects_of", "exclusive_for"]
 

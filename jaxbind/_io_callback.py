@@ -18,8 +18,8 @@ from typing import Any
 import jax
 
 from ._jax_compat import at_top_level
-from ._pure_callback import _eager, _flatten_arguments, _op_for, _op_name_for, exclusive_of
-from ._pure_callback_checks import check_arguments, check_spec
+from ._pure_callback import _eager, _op_for, _op_name_for, exclusive_of
+from ._pure_callback_checks import check_arguments, check_spec, flatten_arguments
 
 __all__ = ["io_callback"]
 
@@ -100,7 +100,7 @@ def io_callback(
     if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
         raise TypeError(f"jaxbind.io_callback: sharding must be a jax.sharding.Sharding, got {sharding!r:.100}")
     name = _op_name_for(callback, "io_callback")
-    flat_args, in_tree = _flatten_arguments(args, kwargs, name)
+    flat_args, in_tree = flatten_arguments(args, kwargs, name)
     check_arguments(flat_args, args, kwargs, name)
     flat_specs, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
     specs = tuple(check_spec(s, i, name) for i, s in enumerate(flat_specs))

@@ -1,4 +1,5 @@
-"""The one place jaxbind touches JAX internals; everything else imports from here."""
+"""The one place jaxbind touches JAX internals (with ``_jax_effects``, its effects' part); everything else
+imports from here."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ from __future__ import annotations
 __all__ = [
     "ArrayImpl",
     "Primitive",
-    "abstract_token",
     "ad",
     "add_keepalive",
     "apply_primitive",
@@ -16,25 +16,20 @@ __all__ = [
     "batching",
     "canonicalize_dtype",
     "cast_to_common_vma",
-    "effects_module",
     "ffi_call_operation",
     "get_aval",
     "hold_as_host_callback",
     "hold_weakly_in_jax_caches",
-    "jax_io_effects",
     "lowering_for_export",
     "lru_cleared_with_jax_caches",
     "mlir",
     "needs_devices_to_lower",
-    "ordered_token",
     "place_callback",
     "register_batch_partitionable",
     "register_replication_rules",
     "reshard_like",
     "runtime_error_of_fast_path",
-    "runtime_token_set",
     "set_frontend_attribute",
-    "set_ordered_token",
     "uses_shardy",
     "shaped_array",
     "sharding_spec",
@@ -439,43 +434,6 @@ def lru_cleared_with_jax_caches(max_size: int):
     return _util.cache(max_size=max_size, trace_context_in_key=False)
 
 
-# -- effects (jaxbind.io_callback and ops with effect=) --------------------------------------------
-
-
-def effects_module():
-    """JAX's module of effect types and the sets that say where each is allowed."""
-    from jax._src import effects as _effects
-
-    return _effects
-
-
-def jax_io_effects() -> tuple:
-    """``jax.experimental.io_callback``'s effects: (unordered, ordered)."""
-    from jax._src import callback as _callback
-
-    return _callback._IOEffect, _callback._OrderedIOEffect
-
-
-def runtime_token_set():
-    """JAX's store (per thread) of the runtime tokens that order the programs of an ordered effect."""
-    from jax._src import dispatch as _dispatch
-
-    return _dispatch.runtime_tokens
-
-
-abstract_token = _core.abstract_token  # (jax.core's name for it is deprecated)
-
-
 def uses_shardy() -> bool:
     """Whether XLA partitions programs with Shardy (JAX's default from 0.7) rather than GSPMD."""
     return bool(getattr(jax.config, "jax_use_shardy_partitioner", False))
-
-
-def ordered_token(ctx, effect):
-    """The token an ordered effect's call takes in a lowering."""
-    return ctx.tokens_in.get(effect)
-
-
-def set_ordered_token(ctx, effect, token) -> None:
-    """The token an ordered effect's call returns, handed on to the next call of the effect."""
-    ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({effect: token})))

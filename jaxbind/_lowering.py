@@ -14,7 +14,6 @@ from ._definition import Role
 from ._effects import ORDERED
 from ._errors import JaxbindError
 from ._jax_compat import (
-    abstract_token,
     add_keepalive,
     auto_device_count,
     batch_partitioning_attributes,
@@ -22,12 +21,11 @@ from ._jax_compat import (
     hold_as_host_callback,
     lowering_for_export,
     mlir,
-    ordered_token,
     place_callback,
     set_frontend_attribute,
-    set_ordered_token,
     uses_shardy,
 )
+from ._jax_effects import abstract_token, ordered_token, set_ordered_token
 from ._kwargs import Kwargs
 from ._runtime import ASYNC_TARGET, EFFECT_TARGET, TARGET
 from ._sites import check_exportable, describe, partitioned_levels, site_for

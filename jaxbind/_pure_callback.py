@@ -36,10 +36,10 @@ import numpy as np
 
 from ._definition import CallbackKind, Family, JaxCallback, OpDef, OpKind
 from ._effects import exclusive_for
-from ._jax_compat import at_top_level, canonicalize_dtype, lru_cleared_with_jax_caches
+from ._jax_compat import at_top_level, lru_cleared_with_jax_caches
 from ._kept_views import BY_ITEM, UNKEPT, give_copies, held, own_copy
 from ._op import Op
-from ._pure_callback_checks import check_arguments, check_spec, dtype_named
+from ._pure_callback_checks import check_arguments, check_spec, dtype_named, flatten_arguments, write_results
 from ._runtime import format_callback_error
 from ._vmap_methods import DOOR_PURE_CALLBACK, accepted, named
 
@@ -238,7 +238,7 @@ def _make_run(callback, in_tree, name, failed):
             elif len(out) == 1 and type(result) is out[0].dtype.type and not out[0].shape:
                 out[0][()] = result  # a NumPy scalar of the dtype (a ufunc's result on a 0-d input)
             else:
-                _write_results(name, out, result, leaves)
+                write_results(name, out, result, leaves)
             result = None
         finally:
             a = k = result = None
@@ -283,50 +283,6 @@ def _still_held(views) -> bool:
     return bool(held(views, UNKEPT))
 
 
-def _write_results(name, out, result, leaves):
-    """The callback's results into XLA's buffers, checked as JAX checks them."""
-    results = leaves(result)
-    if len(results) != len(out):
-        raise RuntimeError(
-            f"{name}: Mismatched number of outputs from callback. Expected: {len(out)}, Actual: {len(results)}"
-        )
-    for i, (o, r) in enumerate(zip(out, results)):
-        r = np.asarray(r)
-        if r.shape != o.shape:
-            raise RuntimeError(
-                f"{name}: Incorrect output shape for return value #{i}: Expected: {o.shape}, Actual: {r.shape}"
-            )
-        if r.dtype != o.dtype:
-            if o.dtype == np.bool_ and r.dtype == jax.dtypes.float0:  # a float0 output: no data
-                o[...] = False
-                continue
-            if canonicalize_dtype(r.dtype) != o.dtype:
-                raise RuntimeError(
-                    f"{name}: Incorrect output dtype for return value #{i}: Expected: {o.dtype}, "
-                    f"Actual: {canonicalize_dtype(r.dtype)}"
-                )
-        o[...] = r
-
-
-def _flatten_arguments(args, kwargs, name):
-    """The arguments' leaves and structure, or an error naming the argument JAX cannot flatten."""
-    try:
-        return jax.tree_util.tree_flatten((args, kwargs))
-    except (TypeError, ValueError) as err:
-        named = [*(f"argument {i}" for i in range(len(args))), *(f"keyword argument '{k}'" for k in kwargs)]
-        for label, value in zip(named, (*args, *kwargs.values())):
-            try:
-                jax.tree_util.tree_flatten(value)
-            except (TypeError, ValueError):
-                raise TypeError(
-                    f"jaxbind.{name}: {label} is a pytree JAX cannot flatten ({err}); a dict's keys must "
-                    "be of one sortable type (not 1 and 'b' together). The arguments of pure_callback are "
-                    "arrays passed to the function, as with jax.pure_callback: close over other values "
-                    "(functools.partial(f, table=table)) instead."
-                ) from None
-        raise
-
-
 def _eager(callback, flat_args, in_tree, specs, out_tree, door="pure_callback", exclusive=None):
     """Outside any trace, as JAX does: the callback gets jax Arrays on a CPU device, and its
     failure is a ``JaxRuntimeError`` with the jitted call's text, logged as JAX logs it."""
@@ -347,7 +303,7 @@ def _eager(callback, flat_args, in_tree, specs, out_tree, door="pure_callback", 
             _jax_log.exception(f"jax.{door} failed")
             raise
         outs = [np.empty(shape, np.bool_ if dtype == jax.dtypes.float0 else dtype) for shape, dtype, _ in specs]
-        _write_results(name, outs, result, jax.tree_util.tree_leaves)
+        write_results(name, outs, result, jax.tree_util.tree_leaves)
     except Exception as err:
         # (what the jitted call raises: the core formats a callback's exception the same way)
         raise jax.errors.JaxRuntimeError("INTERNAL: " + format_callback_error(f"op '{name}'", err)) from err
@@ -447,7 +403,7 @@ def pure_callback(
     if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
         raise TypeError(f"jaxbind.pure_callback: sharding must be a jax.sharding.Sharding, got {sharding!r:.100}")
     name = _op_name_for(callback)
-    flat_args, in_tree = _flatten_arguments(args, kwargs, name)
+    flat_args, in_tree = flatten_arguments(args, kwargs, name)
     check_arguments(flat_args, args, kwargs, name)
     flat_specs, out_tree = jax.tree_util.tree_flatten(result_shape_dtypes)
     specs = tuple(check_spec(s, i, name) for i, s in enumerate(flat_specs))

@@ -1,7 +1,9 @@
-"""What ``jaxbind.pure_callback`` refuses before it binds an op, in words that name the callback.
+"""What ``jaxbind.pure_callback`` (and ``io_callback``) refuse, in words that name the callback.
 
-The result specs (:func:`check_spec`) and the arguments (:func:`check_arguments`): both
-refused where ``jax.pure_callback`` refuses them, with the reason and the fix.
+The result specs (:func:`check_spec`) and the arguments (:func:`check_arguments`,
+:func:`flatten_arguments`) before an op is bound, and the callback's results
+(:func:`write_results`) when it ran: refused where JAX refuses them, with the
+reason and the fix.
 """
 
 from __future__ import annotations
@@ -93,3 +95,47 @@ def check_arguments(flat_args, args, kwargs, name: str) -> None:
             "arrays (jax or NumPy) or scalars, as jax.pure_callback's are. Pass another value to the "
             "callback by closing over it (functools.partial)."
         )
+
+
+def flatten_arguments(args, kwargs, name):
+    """The arguments' leaves and structure, or an error naming the argument JAX cannot flatten."""
+    try:
+        return jax.tree_util.tree_flatten((args, kwargs))
+    except (TypeError, ValueError) as err:
+        named = [*(f"argument {i}" for i in range(len(args))), *(f"keyword argument '{k}'" for k in kwargs)]
+        for label, value in zip(named, (*args, *kwargs.values())):
+            try:
+                jax.tree_util.tree_flatten(value)
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"jaxbind.{name}: {label} is a pytree JAX cannot flatten ({err}); a dict's keys must "
+                    "be of one sortable type (not 1 and 'b' together). The arguments of pure_callback are "
+                    "arrays passed to the function, as with jax.pure_callback: close over other values "
+                    "(functools.partial(f, table=table)) instead."
+                ) from None
+        raise
+
+
+def write_results(name, out, result, leaves):
+    """The callback's results into XLA's buffers, checked as JAX checks them."""
+    results = leaves(result)
+    if len(results) != len(out):
+        raise RuntimeError(
+            f"{name}: Mismatched number of outputs from callback. Expected: {len(out)}, Actual: {len(results)}"
+        )
+    for i, (o, r) in enumerate(zip(out, results)):
+        r = np.asarray(r)
+        if r.shape != o.shape:
+            raise RuntimeError(
+                f"{name}: Incorrect output shape for return value #{i}: Expected: {o.shape}, Actual: {r.shape}"
+            )
+        if r.dtype != o.dtype:
+            if o.dtype == np.bool_ and r.dtype == jax.dtypes.float0:  # a float0 output: no data
+                o[...] = False
+                continue
+            if canonicalize_dtype(r.dtype) != o.dtype:
+                raise RuntimeError(
+                    f"{name}: Incorrect output dtype for return value #{i}: Expected: {o.dtype}, "
+                    f"Actual: {canonicalize_dtype(r.dtype)}"
+                )
+        o[...] = r
