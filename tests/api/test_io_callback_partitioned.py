@@ -10,6 +10,7 @@ import os
 import sys
 
 import _subprocesses
+import jax
 import pytest
 
 import jaxbind
@@ -49,6 +50,10 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module", params=["gspmd", "shardy"])
 def partitioned(request, tmp_path_factory):
+    if request.param == "shardy" and not jax.config.jax_use_shardy_partitioner:
+        # Before jax 0.7 Shardy is not JAX's partitioner: there XLA crashes compiling JAX's own
+        # io_callback in such a program (jaxlib 0.5.3: SIGSEGV), so the comparison cannot be made.
+        pytest.skip("Shardy is not this JAX's partitioner (jax < 0.7): XLA crashes on JAX's own case")
     script = tmp_path_factory.mktemp("partitioned") / "child.py"
     script.write_text(CHILD)
     env = _subprocesses.environment()
