@@ -60,9 +60,9 @@ def io_callback(
         runs it.
     ordered : bool, default False
         Run the calls in program order, within a program and across the
-        programs a thread dispatches (of every ordered ``jaxbind.io_callback``
-        and op with ``effect="ordered"``; not relative to JAX's own
-        ``io_callback``, whose order is JAX's).
+        programs a thread dispatches (one order for every ordered
+        ``jaxbind.io_callback``, op with ``effect="ordered"`` and JAX's own
+        ordered ``io_callback``: their effects compare equal).
 
     Returns
     -------
